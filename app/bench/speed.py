@@ -1,0 +1,177 @@
+"""`python -m app bench speed`: plain target decoding vs our speculative decoding vs
+Hugging Face assisted generation, on the same models, prompts and process."""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..chat.prompt import chat_prompt_ids
+from ..engine.engine import GenerationOptions, SpeculativeEngine
+from ..engine.models import LoadedModel, load_model, pick_device
+from ..engine.steps import Stats
+from .data import DEFAULT_DATA_DIR, read_jsonl
+
+Run = Callable[[list[int]], tuple[list[int], Stats | None]]
+
+
+@dataclass
+class ModeTotals:
+    tokens: int = 0
+    seconds: float = 0.0
+    stats: list[Stats] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        out = {"tokens": self.tokens, "seconds": round(self.seconds, 3), "tokens_per_s": round(self.tokens_per_s, 3)}
+        if self.stats and sum(s.drafted for s in self.stats):
+            drafted, accepted = sum(s.drafted for s in self.stats), sum(s.accepted for s in self.stats)
+            out["acceptance_rate"] = round(accepted / drafted, 4)
+            out["mean_accepted_length"] = round(
+                sum(s.emitted for s in self.stats) / sum(s.target_passes for s in self.stats), 3
+            )
+            out["draft_seconds"] = round(sum(s.draft_seconds for s in self.stats), 3)
+            out["target_seconds"] = round(sum(s.target_seconds for s in self.stats), 3)
+        return out
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="default-target", help="target model (folder, .gguf, hub id)")
+    parser.add_argument("--draft", default="default-draft", help="draft model (folder, .gguf, hub id)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR / "gsm8k_test.jsonl",
+                        help="JSONL file with a 'question' field (default: GSM8K test)")
+    parser.add_argument("--limit", type=int, default=3, help="number of prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("-k", type=int, default=4, help="draft length of our speculative decoding")
+    parser.add_argument("--adaptive", action="store_true", help="adaptive draft length for ours")
+    parser.add_argument("--hf-k", default="3,5,8", help="constant draft lengths to try for HF assisted generation")
+    parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
+    parser.add_argument("--json", type=Path, help="write the results here")
+
+
+def ours(engine: SpeculativeEngine, options: GenerationOptions) -> Run:
+    def run(prompt: list[int]) -> tuple[list[int], Stats]:
+        steps = list(engine.generate(prompt, options))
+        return [t.id for s in steps for t in s.tokens], steps[-1].stats
+
+    return run
+
+
+def hf_assisted(target: LoadedModel, draft: LoadedModel, max_new_tokens: int, k: int | None) -> Run:
+    """k=None: transformers' defaults; else a constant draft length without confidence stops."""
+    # generate() may adjust the assistant's config in place; every call starts from the original.
+    pristine = copy.deepcopy(draft.model.generation_config)
+    stop = sorted(target.stop_tokens)
+    tuning = {} if k is None else {
+        "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0
+    }
+
+    def run(prompt: list[int]) -> tuple[list[int], None]:
+        draft.model.generation_config = copy.deepcopy(pristine)
+        input_ids = torch.tensor([prompt], device=target.model.device)
+        with torch.inference_mode():
+            out = target.model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft.model,
+                do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=stop[0], **tuning,
+            )
+        return out[0, len(prompt):].tolist(), None
+
+    return run
+
+
+def run_speed(args: argparse.Namespace) -> dict:
+    device, dtype, why = pick_device()
+    print(f"device: {why}")
+    stage = lambda text, fraction: print(f"  {text}" + (f" {fraction:.0%}" if fraction is not None else ""), flush=True)
+    draft = load_model(args.draft, device, dtype, progress=stage)
+    target = load_model(args.target, device, dtype, progress=stage)
+    engine = SpeculativeEngine(target, draft)
+    rows = read_jsonl(args.data, args.limit)
+    prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": row["question"]}]) for row in rows]
+
+    modes: dict[str, Run] = {
+        "plain": ours(engine, GenerationOptions(speculative=False, max_new_tokens=args.max_new_tokens)),
+        "speculative": ours(engine, GenerationOptions(k=args.k, adaptive=args.adaptive, max_new_tokens=args.max_new_tokens)),
+    }
+    if not args.no_hf:
+        modes["hf_assisted_default"] = hf_assisted(target, draft, args.max_new_tokens, None)
+        for k in (int(v) for v in args.hf_k.split(",") if v):
+            modes[f"hf_assisted_k{k}"] = hf_assisted(target, draft, args.max_new_tokens, k)
+
+    for run in modes.values():  # warm-up: first calls allocate and are slow
+        run(prompts[0][:32])
+    totals = {name: ModeTotals() for name in modes}
+    per_prompt = []
+    identical = True
+    with tqdm(total=len(prompts) * len(modes), desc="bench speed", unit="run") as bar:
+        for index, prompt in enumerate(prompts):
+            record = {"index": index, "prompt_tokens": len(prompt), "modes": {}}
+            reference = None
+            for name, run in modes.items():  # interleaved, so machine noise hits all modes alike
+                bar.set_postfix_str(f"prompt {index + 1} {name}")
+                start = time.perf_counter()
+                ids, stats = run(prompt)
+                seconds = time.perf_counter() - start
+                reference = ids if reference is None else reference
+                same = ids == reference
+                identical &= same
+                totals[name].tokens += len(ids)
+                totals[name].seconds += seconds
+                if stats:
+                    totals[name].stats.append(stats)
+                record["modes"][name] = {"tokens": len(ids), "seconds": round(seconds, 3), "identical": same}
+                bar.update()
+            per_prompt.append(record)
+
+    summaries = {name: total.summary() for name, total in totals.items()}
+    speed = {name: total.tokens_per_s for name, total in totals.items()}
+    hf_names = [name for name in modes if name.startswith("hf_")]
+    best_hf = max(hf_names, key=speed.get) if hf_names else None
+    result = {
+        "config": {
+            "target": target.name, "draft": draft.name, "device": why, "dtype": str(dtype).replace("torch.", ""),
+            "torch_threads": torch.get_num_threads(), "data": str(args.data), "limit": len(prompts),
+            "max_new_tokens": args.max_new_tokens, "k": args.k, "adaptive": args.adaptive,
+        },
+        "modes": summaries,
+        "per_prompt": per_prompt,
+        "speedup_vs_plain": round(speed["speculative"] / speed["plain"], 3),
+        "speedup_vs_hf_assisted": round(speed["speculative"] / speed[best_hf], 3) if best_hf else None,
+        "best_hf_assisted": best_hf,
+        "identical": identical,
+    }
+    print(format_table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return result
+
+
+def format_table(result: dict) -> str:
+    plain = result["modes"]["plain"]["tokens_per_s"]
+    lines = [
+        "| mode | tokens | seconds | tokens/s | vs plain | acceptance | mean accepted length |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, mode in result["modes"].items():
+        acceptance = f"{mode['acceptance_rate']:.1%}" if "acceptance_rate" in mode else ""
+        length = f"{mode['mean_accepted_length']:.2f}" if "mean_accepted_length" in mode else ""
+        lines.append(
+            f"| {name} | {mode['tokens']} | {mode['seconds']:.1f} | {mode['tokens_per_s']:.2f} | "
+            f"{mode['tokens_per_s'] / plain:.2f}x | {acceptance} | {length} |"
+        )
+    lines.append(
+        f"\nspeedup vs plain: {result['speedup_vs_plain']:.2f}x; vs best HF assisted "
+        f"({result['best_hf_assisted']}): {result['speedup_vs_hf_assisted']}x; identical: {str(result['identical']).lower()}"
+    )
+    return "\n".join(lines)

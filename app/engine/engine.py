@@ -1,0 +1,72 @@
+"""The engine's front door: a target, an optional draft, and one generate() per request.
+
+One request at a time: each model has a single KV cache.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from .cached_model import CachedModel
+from .loop import Limits, speculative_generate
+from .models import LoadedModel, check_compatible, shared_vocab_width
+from .policy import AdaptiveK, FixedK
+from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
+from .sampling import SamplingParams
+from .steps import Step
+
+
+class ProposerKind(str, Enum):
+    DRAFT_MODEL = "draft"
+    PROMPT_LOOKUP = "lookup"
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    speculative: bool = True
+    proposer: ProposerKind = ProposerKind.DRAFT_MODEL
+    k: int = 4
+    adaptive: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0
+    max_new_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= 64:
+            raise ValueError(f"k must be between 1 and 64, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+
+
+class SpeculativeEngine:
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
+        width = None
+        if draft is not None:
+            check_compatible(draft, target)
+            width = shared_vocab_width(draft, target)
+        self.target, self.draft = target, draft
+        self._target = CachedModel(target.model, width)
+        self._draft = CachedModel(draft.model, width) if draft is not None else None
+
+    def generate(
+        self, prompt_ids: list[int], options: GenerationOptions, cancel: threading.Event | None = None
+    ) -> Iterator[Step]:
+        generator = torch.Generator(device=self._target.device).manual_seed(options.seed)
+        policy = AdaptiveK(k=options.k) if options.adaptive else FixedK(options.k)
+        limits = Limits(options.max_new_tokens, self.target.context_length, self.target.stop_tokens)
+        return speculative_generate(
+            self._target, self._proposer(options, generator), policy, prompt_ids, options.sampling, limits, generator, cancel
+        )
+
+    def _proposer(self, options: GenerationOptions, generator: torch.Generator) -> Proposer:
+        if not options.speculative:
+            return NoProposer()
+        if options.proposer is ProposerKind.PROMPT_LOOKUP:
+            return PromptLookupProposer()
+        if self._draft is None:
+            raise ValueError("speculation with a draft model needs a draft model; load one or use prompt lookup")
+        return DraftModelProposer(self._draft, options.sampling, generator)

@@ -1,0 +1,6 @@
+class ModelError(Exception):
+    """A model cannot be used: missing, corrupt, or incompatible. The message is for the user."""
+
+
+class PromptTooLongError(ValueError):
+    """The prompt leaves no room in the model's context for a single new token."""

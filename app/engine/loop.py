@@ -1,0 +1,139 @@
+"""The speculative loop: propose -> verify -> commit, one step at a time.
+
+With `NoProposer` the same loop is plain target decoding, so both modes share every line.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from .cached_model import CachedModel
+from .errors import PromptTooLongError
+from .policy import DraftLengthPolicy
+from .proposers import Draft, Proposer
+from .sampling import SamplingParams, logits_to_probs
+from .steps import EmittedToken, Source, Stats, Step
+from .verify import verify
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_new_tokens: int
+    context_length: int
+    stop_tokens: frozenset[int] = frozenset()
+
+
+def speculative_generate(
+    target: CachedModel,
+    proposer: Proposer,
+    policy: DraftLengthPolicy,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    limits: Limits,
+    generator: torch.Generator | None = None,
+    cancel: threading.Event | None = None,
+) -> Iterator[Step]:
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty")
+    room = limits.context_length - len(prompt_ids)
+    if room < 1:
+        raise PromptTooLongError(
+            f"The prompt is {len(prompt_ids):,} tokens but the model's context holds "
+            f"{limits.context_length:,}; shorten the conversation or start a new chat."
+        )
+    budget = min(limits.max_new_tokens, room)
+    stats = Stats()
+    clock = _Clock(target.device)
+
+    tokens = list(prompt_ids)
+    target.reset()
+    with clock.add_to(stats, "prefill_seconds"):
+        # The last prompt token is fed together with the first draft.
+        if len(tokens) > 1:
+            target.forward(torch.tensor(tokens[:-1]), keep=1)
+        proposer.begin(tokens)
+
+    n_new = 0
+    while n_new < budget:
+        if cancel is not None and cancel.is_set():
+            yield Step([], [], stats, finish="cancelled")
+            return
+        # Leave room for the token the target adds, within both limits.
+        k = min(policy.k, budget - n_new - 1)
+        with clock.add_to(stats, "draft_seconds"):
+            draft = proposer.propose(k, policy.min_confidence) if k > 0 else _EMPTY
+        draft_tokens = draft.tokens.to(target.device)
+        with clock.add_to(stats, "target_seconds"):
+            step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])
+            target_probs = logits_to_probs(target.forward(step_input, keep=len(draft) + 1), params)
+        n_accepted, next_token = verify(draft_tokens, draft.probs, target_probs, params, generator)
+
+        target.rollback(len(tokens) + n_accepted)
+        proposer.commit(n_accepted, next_token)
+        policy.update(len(draft), n_accepted)
+
+        emitted = _provenance(draft, n_accepted, next_token, target_probs)
+        finish = None
+        for i, token in enumerate(emitted):
+            if token.id in limits.stop_tokens:
+                emitted, finish = emitted[: i + 1], "stop"
+                break
+        tokens += [token.id for token in emitted]
+        n_new += len(emitted)
+        if finish is None and n_new >= budget:
+            finish = "length" if budget == limits.max_new_tokens else "context"
+
+        stats.drafted += len(draft)
+        stats.accepted += n_accepted
+        stats.emitted += len(emitted)
+        stats.target_passes += 1
+        if len(draft):
+            stats.accepted_lengths.append(n_accepted)
+        yield Step(emitted, draft.tokens[n_accepted:].tolist(), stats, finish)
+        if finish:
+            return
+
+
+_EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
+
+
+def _provenance(draft: Draft, n_accepted: int, next_token: int, target_probs: torch.Tensor) -> list[EmittedToken]:
+    """target_probs [len(draft)+1, V] -> the step's tokens labelled by where they came from."""
+    ids = draft.tokens[:n_accepted].tolist() + [next_token]
+    positions = torch.arange(len(ids), device=target_probs.device)
+    id_tensor = torch.tensor(ids, device=target_probs.device)
+    p_target = target_probs[positions, id_tensor].tolist()
+    p_draft = [None] * len(ids)
+    if draft.probs is not None:
+        rows = min(len(ids), len(draft))
+        p_draft[:rows] = draft.probs[positions[:rows], id_tensor[:rows]].tolist()
+
+    out = [EmittedToken(t, Source.ACCEPTED, p, q) for t, p, q in zip(ids[:-1], p_target, p_draft)]
+    if len(draft) == 0:
+        out.append(EmittedToken(next_token, Source.PLAIN, p_target[-1]))
+    elif n_accepted < len(draft):
+        out.append(
+            EmittedToken(next_token, Source.CORRECTED, p_target[-1], p_draft[-1], replaced=int(draft.tokens[n_accepted]))
+        )
+    else:
+        out.append(EmittedToken(next_token, Source.BONUS, p_target[-1]))
+    return out
+
+
+class _Clock:
+    """Wall time of each phase; on CUDA waits for the device so time lands in the right phase."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    @contextmanager
+    def add_to(self, stats: Stats, field_name: str):
+        start = time.perf_counter()
+        yield
+        self.sync()
+        setattr(stats, field_name, getattr(stats, field_name) + time.perf_counter() - start)

@@ -1,0 +1,100 @@
+"""Proposers: who drafts the next k tokens. Lifecycle: begin -> (propose -> commit)*."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .cached_model import CachedModel
+from .sampling import SamplingParams, logits_to_probs, sample
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [k] long
+    probs: torch.Tensor | None  # [k, V]: the distribution each token was drawn from; None without a model
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+class Proposer(Protocol):
+    def begin(self, prompt_ids: list[int]) -> None: ...
+    def propose(self, k: int, min_confidence: float = 0.0) -> Draft: ...
+    def commit(self, n_accepted: int, next_token: int) -> None: ...
+
+
+class _Committed:
+    """Shared bookkeeping: the committed tokens and the last draft."""
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.ids = list(prompt_ids)
+        self.last_draft: list[int] = []
+
+    def commit(self, n_accepted: int, next_token: int) -> None:
+        self.ids += self.last_draft[:n_accepted] + [next_token]
+
+
+class DraftModelProposer(_Committed):
+    """A small model drafts autoregressively with its own KV cache."""
+
+    def __init__(self, model: CachedModel, params: SamplingParams, generator: torch.Generator | None) -> None:
+        self.model = model
+        self.params = params
+        self.generator = generator
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        super().begin(prompt_ids)
+        self.model.reset()
+
+    def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
+        # Feed what was committed since the cache last grew (the prompt, or the target's token).
+        pending = torch.tensor(self.ids[self.model.length :], dtype=torch.long)
+        logits = self.model.forward(pending, keep=1)[0]
+        tokens, probs = [], []
+        for i in range(k):
+            step_probs = logits_to_probs(logits, self.params)
+            token = sample(step_probs, self.params, self.generator)
+            tokens.append(token)
+            probs.append(step_probs)
+            # The confidence check is the only host sync inside the draft loop.
+            if i == k - 1 or (min_confidence > 0 and float(step_probs[token]) < min_confidence):
+                break
+            logits = self.model.forward(token.view(1), keep=1)[0]
+        draft = Draft(torch.stack(tokens), torch.stack(probs))
+        self.last_draft = draft.tokens.tolist()
+        return draft
+
+    def commit(self, n_accepted: int, next_token: int) -> None:
+        # The cache holds the old ids plus all drafts but the last; keep the accepted part.
+        self.model.rollback(min(self.model.length, len(self.ids) + n_accepted))
+        super().commit(n_accepted, next_token)
+
+
+class PromptLookupProposer(_Committed):
+    """Prompt lookup: find the latest earlier occurrence of the text's last n-gram and
+    propose what followed it. No model, so no probabilities."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
+        ids = torch.tensor(self.ids, dtype=torch.long)
+        self.last_draft = []
+        for n in range(min(self.max_ngram, len(self.ids) - 1), self.min_ngram - 1, -1):
+            windows = ids[:-1].unfold(0, n, 1)  # [L-n, n]: every n-gram that has a successor
+            hits = (windows == ids[-n:]).all(dim=1).nonzero().flatten()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                self.last_draft = self.ids[start : start + k]
+                break
+        return Draft(torch.tensor(self.last_draft, dtype=torch.long), None)
+
+
+class NoProposer(_Committed):
+    """Speculation off: nothing is drafted and every token is the target's own."""
+
+    def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
+        return Draft(torch.empty(0, dtype=torch.long), None)

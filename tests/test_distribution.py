@@ -1,0 +1,70 @@
+"""Layer 3: sampled speculative output has the target's distribution (tiny vocabulary)."""
+import pytest
+import torch
+
+from app.engine import verify as verify_module
+from app.engine.engine import GenerationOptions, SpeculativeEngine
+from app.engine.sampling import SamplingParams, logits_to_probs
+from tests.tiny import tiny_model
+
+ORIGINAL_VERIFY_SAMPLED = verify_module.verify_sampled
+VOCAB = 6
+PROMPT = [1, 2, 3]
+N_SAMPLES = 2500
+
+
+def exact_two_token_distribution(target, params):
+    """P(t1, t2 | prompt) under target-only sampling, from the target's own logits."""
+    model = target.model
+    with torch.no_grad():
+        first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], params)
+        joint = torch.zeros(VOCAB, VOCAB)
+        for t1 in range(VOCAB):
+            second = logits_to_probs(model(torch.tensor([PROMPT + [t1]])).logits[0, -1], params)
+            joint[t1] = first[t1] * second
+    return joint
+
+
+def wrong_rule(draft_tokens, draft_probs, target_probs, generator):
+    """A plausible bug: accept exactly when the target likes the token at least as much."""
+    if draft_probs is None:
+        return ORIGINAL_VERIFY_SAMPLED(draft_tokens, draft_probs, target_probs, generator)
+    k = draft_tokens.shape[0]
+    rows = torch.arange(k)
+    keep = (target_probs[rows, draft_tokens] >= draft_probs[rows, draft_tokens]).int()
+    n = int(keep.cumprod(0).sum())
+    if n == k:
+        return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
+    residual = (target_probs[n] - draft_probs[n]).clamp(min=0)
+    return n, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model(seed=11, vocab_size=VOCAB, hidden=16, layers=1, init_range=0.5)
+    draft = tiny_model(seed=12, vocab_size=VOCAB, hidden=16, layers=1, init_range=0.5)
+    return target, draft
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("rule", ["correct", "wrong"])
+def test_two_token_distribution(pair, temperature, rule, monkeypatch):
+    if rule == "wrong":
+        monkeypatch.setattr(verify_module, "verify_sampled", wrong_rule)
+    target, draft = pair
+    params = SamplingParams(temperature=temperature, top_p=0.9)
+    expected = exact_two_token_distribution(target, params)
+    engine = SpeculativeEngine(target, draft)
+    counts = torch.zeros(VOCAB, VOCAB)
+    for seed in range(N_SAMPLES):
+        # Three new tokens so the first step drafts k=2 (the budget caps k); the first two are counted.
+        options = GenerationOptions(k=2, sampling=params, seed=seed, max_new_tokens=3)
+        t1, t2 = [t.id for step in engine.generate(PROMPT, options) for t in step.tokens][:2]
+        counts[t1, t2] += 1
+    tv = 0.5 * (counts / N_SAMPLES - expected).abs().sum().item()
+    # Sampling noise alone: E[TV] ~ 0.5 * sum sqrt(2 p (1-p) / (pi N)); allow twice that.
+    noise = 0.5 * sum((2 * p * (1 - p) / (torch.pi * N_SAMPLES)) ** 0.5 for p in expected.flatten().tolist())
+    if rule == "correct":
+        assert tv < 2 * noise, f"TV {tv:.3f} vs noise {noise:.3f}"
+    else:
+        assert tv > 2 * noise, f"the wrong rule went unnoticed: TV {tv:.3f} vs noise {noise:.3f}"

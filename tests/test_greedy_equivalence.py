@@ -1,0 +1,85 @@
+"""Layer 2: greedy speculative output equals target-only greedy, token for token."""
+import pytest
+import torch
+
+from app.engine.engine import ProposerKind, SpeculativeEngine
+from app.engine.steps import Source
+from tests.helpers import all_steps, generated_ids
+
+PROMPTS = [[1, 2, 3, 4, 5], [7], [10, 11, 12, 10, 11, 12, 10, 11]]
+N_NEW = 48
+
+
+def hf_greedy(loaded, prompt, n_new):
+    out = loaded.model.generate(torch.tensor([prompt]), max_new_tokens=n_new, do_sample=False, min_new_tokens=n_new)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_plain_decoding_equals_transformers_greedy(tiny_target, prompt):
+    engine = SpeculativeEngine(tiny_target)
+    assert generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW) == hf_greedy(tiny_target, prompt, N_NEW)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_same_model_draft_accepts_everything(tiny_target, prompt, k):
+    engine = SpeculativeEngine(tiny_target, tiny_target)
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW)
+    steps = all_steps(engine, prompt, k=k, max_new_tokens=N_NEW)
+    assert [t.id for s in steps for t in s.tokens] == plain
+    stats = steps[-1].stats
+    assert stats.acceptance_rate == 1.0
+    assert stats.target_passes == -(-N_NEW // (k + 1))  # every pass emits k accepted + 1 bonus
+    sources = {t.source for s in steps for t in s.tokens}
+    assert sources == {Source.ACCEPTED, Source.BONUS}
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_unrelated_draft_gives_target_output(tiny_target, tiny_draft, prompt, k):
+    engine = SpeculativeEngine(tiny_target, tiny_draft)
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW)
+    steps = all_steps(engine, prompt, k=k, max_new_tokens=N_NEW)
+    assert [t.id for s in steps for t in s.tokens] == plain
+    assert steps[-1].stats.acceptance_rate < 0.3
+    corrected = [t for s in steps for t in s.tokens if t.source is Source.CORRECTED]
+    assert corrected and all(t.replaced is not None and t.replaced != t.id for t in corrected)
+
+
+@pytest.mark.parametrize("draft_name", ["same", "unrelated"])
+def test_adaptive_k_gives_target_output(tiny_target, tiny_draft, draft_name):
+    engine = SpeculativeEngine(tiny_target, tiny_target if draft_name == "same" else tiny_draft)
+    for prompt in PROMPTS:
+        plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW)
+        assert generated_ids(engine, prompt, k=2, adaptive=True, max_new_tokens=N_NEW) == plain
+
+
+def test_adaptive_k_grows_after_full_acceptance(tiny_target):
+    engine = SpeculativeEngine(tiny_target, tiny_target)
+    steps = all_steps(engine, PROMPTS[0], k=1, adaptive=True, max_new_tokens=64)
+    lengths = steps[-1].stats.accepted_lengths
+    assert max(lengths) > 1  # started at k=1, so k must have grown
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_prompt_lookup_gives_target_output(tiny_target, prompt):
+    engine = SpeculativeEngine(tiny_target)
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW)
+    steps = all_steps(engine, prompt, proposer=ProposerKind.PROMPT_LOOKUP, k=4, max_new_tokens=N_NEW)
+    assert [t.id for s in steps for t in s.tokens] == plain
+    assert steps[-1].stats.drafted > 0
+
+
+def test_prompt_lookup_accepts_repeated_text(tiny_target):
+    """Random models fall into loops; lookup should then draft them correctly."""
+    engine = SpeculativeEngine(tiny_target)
+    steps = all_steps(engine, PROMPTS[0], proposer=ProposerKind.PROMPT_LOOKUP, k=4, max_new_tokens=96)
+    assert steps[-1].stats.accepted > 0
+
+
+def test_speculation_off_gives_only_plain_tokens(tiny_target, tiny_draft):
+    engine = SpeculativeEngine(tiny_target, tiny_draft)
+    steps = all_steps(engine, PROMPTS[0], speculative=False, max_new_tokens=20)
+    assert {t.source for s in steps for t in s.tokens} == {Source.PLAIN}
+    assert steps[-1].stats.drafted == 0 and steps[-1].stats.target_passes == 20

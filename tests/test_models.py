@@ -1,0 +1,90 @@
+"""Loading from every kind of source, and clear messages for bad model files and pairs."""
+import hashlib
+import sys
+
+import pytest
+
+from app.engine import default_models
+from app.engine.engine import SpeculativeEngine
+from app.engine.errors import ModelError
+from app.engine.models import check_compatible, load_model
+from tests.helpers import generated_ids
+from tests.tiny import tiny_model
+
+
+def test_model_folder_loads_through_load_model(tmp_path, tiny_target):
+    tiny_target.model.save_pretrained(tmp_path / "m")
+    tiny_target.tokenizer.save_pretrained(tmp_path / "m")
+    loaded = load_model(str(tmp_path / "m"))
+    prompt = [1, 2, 3]
+    assert generated_ids(SpeculativeEngine(loaded), prompt, speculative=False, max_new_tokens=8) == generated_ids(
+        SpeculativeEngine(tiny_target), prompt, speculative=False, max_new_tokens=8
+    )
+
+
+def test_missing_gguf_file(tmp_path):
+    with pytest.raises(ModelError, match="GGUF file not found"):
+        load_model(str(tmp_path / "nope.gguf"))
+
+
+def test_corrupt_gguf_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 100)
+    with pytest.raises(ModelError, match="Cannot read GGUF file"):
+        load_model(str(bad))
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(ModelError, match="not a Hugging Face model folder"):
+        load_model(str(tmp_path))
+
+
+def test_hub_id_not_in_local_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="Cannot load model 'nobody/no-such-model'"):
+        load_model("nobody/no-such-model")
+
+
+def test_pairs_with_different_tokenizers_are_refused():
+    target = tiny_model(seed=1, vocab_size=96)
+    with pytest.raises(ModelError, match="draft's tokenizer has 64 tokens, the target's 96"):
+        SpeculativeEngine(target, tiny_model(seed=2, vocab_size=64))
+    with pytest.raises(ModelError, match="same size, different tokens"):
+        check_compatible(tiny_model(seed=2, prefix="w"), target)
+
+
+@pytest.fixture
+def fake_parts(tmp_path, monkeypatch):
+    """Three installed 'packages' holding parts of a file, like the default model wheels."""
+    payload = [b"alpha" * 1000, b"beta" * 1000, b"gamma" * 1000]
+    for index, data in enumerate(payload, start=1):
+        (tmp_path / f"fakepart{index}" / "data").mkdir(parents=True)
+        (tmp_path / f"fakepart{index}" / "__init__.py").write_text("")
+        (tmp_path / f"fakepart{index}" / "data" / f"part{index:02d}.bin").write_bytes(data)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    whole = b"".join(payload)
+    yield default_models.PackagedGGUF("Fake", "fakepart", 3, "fake-part", "1.0", len(whole), hashlib.sha256(whole).hexdigest())
+    for index in range(1, 4):
+        sys.modules.pop(f"fakepart{index}", None)
+
+
+def test_parts_assemble_and_verify(fake_parts, tmp_path):
+    seen = []
+    out = default_models.assemble(fake_parts, tmp_path / "out" / "fake.gguf", lambda stage, f: seen.append(f))
+    assert out.read_bytes().startswith(b"alpha") and out.stat().st_size == fake_parts.size
+    assert seen[-1] == 1.0
+
+
+def test_corrupt_part_is_refused(fake_parts, tmp_path):
+    (tmp_path / "fakepart2" / "data" / "part02.bin").write_bytes(b"beta" * 999 + b"BETA")
+    with pytest.raises(ModelError, match="corrupt"):
+        default_models.assemble(fake_parts, tmp_path / "out" / "fake.gguf")
+    assert not (tmp_path / "out" / "fake.gguf").exists()
+
+
+def test_missing_part_package_is_named(fake_parts):
+    missing = default_models.PackagedGGUF("Fake", "fakepart", 4, "fake-part", "1.0", 1, "0" * 64)
+    with pytest.raises(ModelError, match="fake-part4==1.0 is not installed"):
+        missing.part_paths()

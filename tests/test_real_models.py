@@ -1,0 +1,55 @@
+"""The real default pair (Qwen2.5-Coder 0.5B draft, 1.5B target), prepared from the
+installed parts on first use (minutes), from the safetensors cache afterwards (seconds)."""
+import pytest
+
+from app.chat.prompt import chat_prompt_ids
+from app.engine.engine import SpeculativeEngine
+from app.engine.errors import ModelError
+from app.engine.models import load_model
+from app.engine.steps import Source
+from tests.helpers import all_steps, generated_ids
+from tests.tiny import tiny_model
+
+pytestmark = pytest.mark.real
+
+QUESTIONS = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain in two sentences what a hash map is.",
+]
+
+
+@pytest.fixture(scope="module")
+def real_pair():
+    return load_model("default-draft"), load_model("default-target")
+
+
+@pytest.fixture(scope="module")
+def real_engine(real_pair):
+    draft, target = real_pair
+    return SpeculativeEngine(target, draft)
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+def test_greedy_speculative_equals_plain_target(real_engine, question):
+    prompt = chat_prompt_ids(real_engine.target.tokenizer, [{"role": "user", "content": question}])
+    plain = generated_ids(real_engine, prompt, speculative=False, max_new_tokens=48)
+    steps = all_steps(real_engine, prompt, k=4, max_new_tokens=48)
+    assert [t.id for s in steps for t in s.tokens] == plain
+    assert len(plain) == 48
+    # A real draft from the same family agrees with its target most of the time.
+    assert steps[-1].stats.acceptance_rate > 0.4
+    assert {t.source for s in steps for t in s.tokens} >= {Source.ACCEPTED}
+
+
+def test_default_pair_shares_a_tokenizer(real_pair):
+    draft, target = real_pair
+    assert len(draft.tokenizer) == len(target.tokenizer) == 151_936
+    assert target.stop_tokens and target.context_length >= 32_768
+
+
+def test_mismatched_vocabulary_is_refused(real_pair):
+    _, target = real_pair
+    with pytest.raises(ModelError, match=r"draft's tokenizer has 96 tokens, the target's 151,936"):
+        SpeculativeEngine(target, tiny_model(seed=3, vocab_size=96))

@@ -1,0 +1,47 @@
+"""Tiny random Qwen2-architecture models built from a config in code (no files)."""
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from app.engine.models import LoadedModel
+
+
+def tiny_tokenizer(vocab_size: int, prefix: str = "t") -> PreTrainedTokenizerFast:
+    vocab = {f"{prefix}{i}": i for i in range(vocab_size)}
+    backend = Tokenizer(WordLevel(vocab, unk_token=f"{prefix}0"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=f"{prefix}0")
+
+
+def tiny_model(
+    seed: int,
+    vocab_size: int = 96,
+    hidden: int = 32,
+    layers: int = 2,
+    context: int = 256,
+    init_range: float = 0.2,
+    prefix: str = "t",
+) -> LoadedModel:
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+        initializer_range=init_range,  # wider than usual so distributions have clear peaks
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    return LoadedModel(name=f"tiny-{seed}", model=model, tokenizer=tiny_tokenizer(vocab_size, prefix))
