@@ -1,12 +1,18 @@
-"""Command line: `python -m app` opens the chat; `python -m app bench speed ...` benchmarks."""
+"""Command line: `python -m app` opens the window; `python -m app chat` chats in the terminal;
+`python -m app bench speed ...` benchmarks."""
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specchat", description="Local chat with speculative decoding.")
+    parser.add_argument("--screenshot", type=Path, metavar="PATH",
+                        help="run one chat turn offscreen with the current settings and save a PNG of the window")
+    parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.",
+                        help="the message for --screenshot")
+    parser.add_argument("--dark", action="store_true", help="dark theme for --screenshot")
     commands = parser.add_subparsers(dest="command")
     chat = commands.add_parser("chat", help="chat in the terminal")
     add_model_arguments(chat)
@@ -25,19 +31,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=512)
 
 
-COMMANDS = ("chat", "bench", "-h", "--help")
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
-        argv.insert(0, "chat")  # the default command
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         from .bench.speed import run_speed
 
         run_speed(args)
         return 0
-    from .terminal import run_terminal_chat
+    if args.command == "chat":
+        from .terminal import run_terminal_chat
 
-    return run_terminal_chat(args)
+        return run_terminal_chat(args)
+    from .ui.app import run_gui, run_screenshot
+
+    if args.screenshot:
+        return run_screenshot(args.screenshot, args.prompt, args.dark)
+    return run_gui()

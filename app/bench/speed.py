@@ -7,7 +7,7 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -19,7 +19,7 @@ from ..engine.models import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
 from .data import DEFAULT_DATA_DIR, read_jsonl
 
-Run = Callable[[list[int]], tuple[list[int], Stats | None]]
+Run = Callable[[list[int], int], tuple[list[int], Stats | None]]  # (prompt, max new tokens)
 
 
 @dataclass
@@ -56,18 +56,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adaptive", action="store_true", help="adaptive draft length for ours")
     parser.add_argument("--hf-k", default="3,5,8", help="constant draft lengths to try for HF assisted generation")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
+    parser.add_argument("--no-packed-linear", action="store_true",
+                        help="lever off: PyTorch's default fp32 linear instead of pre-packed oneDNN weights")
     parser.add_argument("--json", type=Path, help="write the results here")
 
 
 def ours(engine: SpeculativeEngine, options: GenerationOptions) -> Run:
-    def run(prompt: list[int]) -> tuple[list[int], Stats]:
-        steps = list(engine.generate(prompt, options))
+    def run(prompt: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
+        steps = list(engine.generate(prompt, replace(options, max_new_tokens=max_new_tokens)))
         return [t.id for s in steps for t in s.tokens], steps[-1].stats
 
     return run
 
 
-def hf_assisted(target: LoadedModel, draft: LoadedModel, max_new_tokens: int, k: int | None) -> Run:
+def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
     """k=None: transformers' defaults; else a constant draft length without confidence stops."""
     # generate() may adjust the assistant's config in place; every call starts from the original.
     pristine = copy.deepcopy(draft.model.generation_config)
@@ -76,7 +78,7 @@ def hf_assisted(target: LoadedModel, draft: LoadedModel, max_new_tokens: int, k:
         "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0
     }
 
-    def run(prompt: list[int]) -> tuple[list[int], None]:
+    def run(prompt: list[int], max_new_tokens: int) -> tuple[list[int], None]:
         draft.model.generation_config = copy.deepcopy(pristine)
         input_ids = torch.tensor([prompt], device=target.model.device)
         with torch.inference_mode():
@@ -93,23 +95,24 @@ def run_speed(args: argparse.Namespace) -> dict:
     device, dtype, why = pick_device()
     print(f"device: {why}")
     stage = lambda text, fraction: print(f"  {text}" + (f" {fraction:.0%}" if fraction is not None else ""), flush=True)
-    draft = load_model(args.draft, device, dtype, progress=stage)
-    target = load_model(args.target, device, dtype, progress=stage)
+    packed = not args.no_packed_linear
+    draft = load_model(args.draft, device, dtype, progress=stage, packed_linear=packed)
+    target = load_model(args.target, device, dtype, progress=stage, packed_linear=packed)
     engine = SpeculativeEngine(target, draft)
     rows = read_jsonl(args.data, args.limit)
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": row["question"]}]) for row in rows]
 
     modes: dict[str, Run] = {
-        "plain": ours(engine, GenerationOptions(speculative=False, max_new_tokens=args.max_new_tokens)),
-        "speculative": ours(engine, GenerationOptions(k=args.k, adaptive=args.adaptive, max_new_tokens=args.max_new_tokens)),
+        "plain": ours(engine, GenerationOptions(speculative=False)),
+        "speculative": ours(engine, GenerationOptions(k=args.k, adaptive=args.adaptive)),
     }
     if not args.no_hf:
-        modes["hf_assisted_default"] = hf_assisted(target, draft, args.max_new_tokens, None)
+        modes["hf_assisted_default"] = hf_assisted(target, draft, None)
         for k in (int(v) for v in args.hf_k.split(",") if v):
-            modes[f"hf_assisted_k{k}"] = hf_assisted(target, draft, args.max_new_tokens, k)
+            modes[f"hf_assisted_k{k}"] = hf_assisted(target, draft, k)
 
     for run in modes.values():  # warm-up: first calls allocate and are slow
-        run(prompts[0][:32])
+        run(prompts[0], 8)
     totals = {name: ModeTotals() for name in modes}
     per_prompt = []
     identical = True
@@ -120,7 +123,7 @@ def run_speed(args: argparse.Namespace) -> dict:
             for name, run in modes.items():  # interleaved, so machine noise hits all modes alike
                 bar.set_postfix_str(f"prompt {index + 1} {name}")
                 start = time.perf_counter()
-                ids, stats = run(prompt)
+                ids, stats = run(prompt, args.max_new_tokens)
                 seconds = time.perf_counter() - start
                 reference = ids if reference is None else reference
                 same = ids == reference
@@ -141,7 +144,7 @@ def run_speed(args: argparse.Namespace) -> dict:
         "config": {
             "target": target.name, "draft": draft.name, "device": why, "dtype": str(dtype).replace("torch.", ""),
             "torch_threads": torch.get_num_threads(), "data": str(args.data), "limit": len(prompts),
-            "max_new_tokens": args.max_new_tokens, "k": args.k, "adaptive": args.adaptive,
+            "max_new_tokens": args.max_new_tokens, "k": args.k, "adaptive": args.adaptive, "packed_linear": packed,
         },
         "modes": summaries,
         "per_prompt": per_prompt,

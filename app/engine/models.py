@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from . import default_models
+from .cpu_linear import pack_linears
 from .errors import ModelError
 
 Progress = Callable[[str, float | None], None]  # (stage, fraction done or None when unknown)
@@ -35,7 +36,8 @@ class LoadedModel:
 
     @property
     def memory_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied weights once
+        tensors = [*self.model.parameters(), *self.model.buffers()]  # tied weights once
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     @property
     def stop_tokens(self) -> frozenset[int]:
@@ -62,7 +64,10 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: Progress | None = None,
+    packed_linear: bool = True,
 ) -> LoadedModel:
+    """packed_linear: on CPU in float32, run linear layers through pre-packed oneDNN weights
+    (same precision, about twice as fast at decoding batch sizes)."""
     report = progress or (lambda stage, fraction: None)
     try:
         if source in default_models.DEFAULTS:
@@ -77,6 +82,8 @@ def load_model(
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise ModelError(f"Cannot load model '{source}': {error}") from error
     model.to(device).eval()
+    if packed_linear and torch.device(device).type == "cpu" and dtype == torch.float32:
+        pack_linears(model)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer)
 
 
@@ -137,22 +144,47 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
     return folder
 
 
+def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
+    """Only the tokenizer of a source (to check a pair before loading weights)."""
+    if source in default_models.DEFAULTS:
+        folder = cache_dir() / default_models.DEFAULTS[source].name
+        if (folder / "config.json").is_file():
+            return AutoTokenizer.from_pretrained(folder)
+        return load_model(source).tokenizer
+    path = Path(source).expanduser()
+    try:
+        if path.suffix.lower() == ".gguf":
+            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(path if path.is_dir() else source, **_local_only(path))
+    except Exception as error:
+        raise ModelError(f"Cannot read the tokenizer of '{source}': {error}") from error
+
+
+def vocabulary_mismatch(draft_tokenizer: PreTrainedTokenizerBase, target_tokenizer: PreTrainedTokenizerBase,
+                        draft_name: str = "draft", target_name: str = "target") -> str | None:
+    """Why two tokenizers cannot be paired, or None when they can."""
+    draft_vocab, target_vocab = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
+    if draft_vocab == target_vocab:
+        return None
+    return (
+        f"Draft '{draft_name}' and target '{target_name}' do not share a vocabulary: "
+        f"the draft's tokenizer has {len(draft_vocab):,} tokens, the target's {len(target_vocab):,}"
+        + ("" if len(draft_vocab) != len(target_vocab) else " (same size, different tokens)")
+        + ". Pick a draft from the target's model family."
+    )
+
+
 def check_compatible(draft: LoadedModel, target: LoadedModel) -> None:
     """Refuse a pair whose tokenizers differ: their token ids would mean different text.
 
     Tokenizers are compared, not embedding rows: configs pad embeddings differently
     (151936 vs 152064 for Qwen2.5) around the same tokenizer.
     """
-    draft_vocab, target_vocab = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
-    if draft_vocab != target_vocab:
-        raise ModelError(
-            f"Draft '{draft.name}' and target '{target.name}' do not share a vocabulary: "
-            f"the draft's tokenizer has {len(draft_vocab):,} tokens, the target's {len(target_vocab):,}"
-            + ("" if len(draft_vocab) != len(target_vocab) else " (same size, different tokens)")
-            + ". Pick a draft from the target's model family."
-        )
+    reason = vocabulary_mismatch(draft.tokenizer, target.tokenizer, draft.name, target.name)
+    if reason:
+        raise ModelError(reason)
 
 
 def shared_vocab_width(draft: LoadedModel, target: LoadedModel) -> int:
     """Logit columns both models have; padding rows beyond the tokenizer are never emitted."""
-    return min(draft.model.get_output_embeddings().weight.shape[0], target.model.get_output_embeddings().weight.shape[0])
+    return min(draft.model.config.vocab_size, target.model.config.vocab_size)

@@ -1,0 +1,118 @@
+"""SQLite persistence of conversations, one transaction per finished message.
+
+SQLite's journal makes each write all-or-nothing, so a crash or kill mid-write leaves the
+previous state intact; WAL mode lets readers go on while a write is under way.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import platformdirs
+
+from .conversation import Conversation, Message, TokenRecord
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS chats (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    tokens TEXT NOT NULL,
+    stats TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
+"""
+
+
+class StoreError(Exception):
+    """Saving failed (disk full, read-only, ...); the message is for the user."""
+
+
+def default_path() -> Path:
+    base = os.environ.get("SPECCHAT_DATA") or platformdirs.user_data_dir("specchat")
+    return Path(base) / "chats.sqlite3"
+
+
+class ChatStore:
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # a finished message survives power loss too
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _write(self, sql: str, args: tuple) -> int:
+        try:
+            with self.db:  # one transaction: all or nothing
+                return self.db.execute(sql, args).lastrowid
+        except sqlite3.OperationalError as error:
+            raise StoreError(f"Could not save to {self.path}: {error}. Nothing already saved was lost.") from error
+
+    def create_chat(self, conversation: Conversation) -> None:
+        conversation.id = self._write(
+            "INSERT INTO chats (title, updated) VALUES (?, ?)", (conversation.title, conversation.updated)
+        )
+
+    def add_message(self, conversation: Conversation, message: Message) -> None:
+        if conversation.id is None:
+            self.create_chat(conversation)
+        now = time.time()
+        try:
+            with self.db:
+                message.id = self.db.execute(
+                    "INSERT INTO messages (chat_id, role, content, tokens, stats, created) VALUES (?, ?, ?, ?, ?, ?)",
+                    (conversation.id, message.role, message.content, json.dumps(message.tokens_as_dicts()),
+                     json.dumps(message.stats), message.created),
+                ).lastrowid
+                self.db.execute("UPDATE chats SET updated = ?, title = ? WHERE id = ?",
+                                (now, conversation.title, conversation.id))
+        except sqlite3.OperationalError as error:
+            raise StoreError(f"Could not save the message to {self.path}: {error}. "
+                             "It stays on screen; earlier messages are safe.") from error
+        conversation.updated = now
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self._write("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
+
+    def delete_chat(self, chat_id: int) -> None:
+        self._write("DELETE FROM chats WHERE id = ?", (chat_id,))
+
+    def list_chats(self, search: str = "") -> list[tuple[int, str, float]]:
+        """(id, title, updated), newest first; `search` matches titles and message text."""
+        if not search:
+            return self.db.execute("SELECT id, title, updated FROM chats ORDER BY updated DESC").fetchall()
+        pattern = f"%{search}%"
+        return self.db.execute(
+            "SELECT DISTINCT c.id, c.title, c.updated FROM chats c LEFT JOIN messages m ON m.chat_id = c.id "
+            "WHERE c.title LIKE ? OR m.content LIKE ? ORDER BY c.updated DESC",
+            (pattern, pattern),
+        ).fetchall()
+
+    def load_chat(self, chat_id: int) -> Conversation:
+        row = self.db.execute("SELECT title, updated FROM chats WHERE id = ?", (chat_id,)).fetchone()
+        if row is None:
+            raise KeyError(chat_id)
+        conversation = Conversation(title=row[0], id=chat_id, updated=row[1])
+        for message_id, role, content, tokens, stats, created in self.db.execute(
+            "SELECT id, role, content, tokens, stats, created FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)
+        ):
+            conversation.messages.append(Message(
+                role=role, content=content, tokens=[TokenRecord(**t) for t in json.loads(tokens)],
+                stats=json.loads(stats), created=created, id=message_id,
+            ))
+        return conversation

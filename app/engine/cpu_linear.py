@@ -1,0 +1,38 @@
+"""Faster fp32 linear layers on CPU: weights pre-packed for oneDNN.
+
+PyTorch's default fp32 CPU path (MKL sgemm) re-packs the weight on every call, which
+dominates at the small batch sizes of decoding (1 to k+1 tokens). oneDNN with the weight
+packed once is about twice as fast here, in the same float32 precision.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PackedLinear(nn.Module):
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed_weight", linear.weight.detach().to_mkldnn(), persistent=False)
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
+        flat = x.reshape(-1, self.in_features).to_mkldnn()
+        out = torch._C._nn.mkldnn_linear(flat, self.packed_weight, self.bias).to_dense()
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace the fp32 nn.Linear layers of a CPU model in place; returns how many."""
+    if not torch.backends.mkldnn.is_available():
+        return 0
+    tied = {id(p) for name, p in model.named_parameters() if "embed" in name}
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if (isinstance(child, nn.Linear) and child.weight.dtype == torch.float32
+                    and child.weight.device.type == "cpu" and id(child.weight) not in tied):
+                setattr(parent, name, PackedLinear(child))
+                replaced += 1
+    return replaced

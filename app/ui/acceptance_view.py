@@ -1,0 +1,130 @@
+"""Live acceptance view: rates, speed, time split, accepted-length histogram, acceptance
+along the answer, memory, and the last A/B comparison."""
+from __future__ import annotations
+
+from collections import Counter
+
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
+
+
+class Histogram(QWidget):
+    """Steps by number of accepted draft tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[int, int] = {}
+        self.colour = QColor("#0072B2")
+        self.setMinimumHeight(90)
+        self.setToolTip("Steps by number of accepted draft tokens")
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        self.counts = dict(Counter(lengths))
+        self.update()
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.Antialiasing)
+        area = QRectF(self.rect()).adjusted(4, 4, -4, -16)
+        text = self.palette().windowText().color()
+        if not self.counts:
+            painter.setPen(text)
+            painter.drawText(self.rect(), Qt.AlignCenter, "accepted length per step")
+            return
+        top = max(self.counts)
+        most = max(self.counts.values())
+        width = area.width() / (top + 1)
+        for length in range(top + 1):
+            height = area.height() * self.counts.get(length, 0) / most
+            bar = QRectF(area.left() + length * width + 1, area.bottom() - height, width - 2, height)
+            painter.fillRect(bar, self.colour)
+            painter.setPen(text)
+            painter.drawText(QRectF(bar.left(), area.bottom(), width, 14), Qt.AlignCenter, str(length))
+
+
+class Trace(QWidget):
+    """Running acceptance rate along the answer, step by step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list[float] = []
+        self.colour = QColor("#D55E00")
+        self.setMinimumHeight(70)
+        self.setToolTip("Acceptance rate along the answer (0 to 100%)")
+
+    def set_values(self, values: list[float]) -> None:
+        self.values = values
+        self.update()
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.Antialiasing)
+        area = QRectF(self.rect()).adjusted(4, 4, -4, -4)
+        grid = self.palette().mid().color()
+        painter.setPen(QPen(grid, 1, Qt.DashLine))
+        painter.drawLine(area.topLeft(), area.topRight())
+        painter.drawLine(area.bottomLeft(), area.bottomRight())
+        if len(self.values) < 2:
+            return
+        painter.setPen(QPen(self.colour, 2))
+        step = area.width() / (len(self.values) - 1)
+        points = [QPointF(area.left() + i * step, area.bottom() - v * area.height()) for i, v in enumerate(self.values)]
+        painter.drawPolyline(points)
+
+
+class AcceptanceView(QWidget):
+    def __init__(self) -> None:
+        super().__init__()
+        layout = QVBoxLayout(self)
+        box = QGroupBox("Acceptance")
+        form = QFormLayout(box)
+        self.fields = {}
+        for key, label in [("mode", "Mode"), ("acceptance", "Acceptance rate"), ("length", "Mean accepted length"),
+                           ("speed", "Speed"), ("time", "Draft / target time"), ("memory", "Memory")]:
+            self.fields[key] = QLabel("–")
+            form.addRow(label, self.fields[key])
+        self.histogram = Histogram()
+        self.trace = Trace()
+        form.addRow(QLabel("Accepted length per step"))
+        form.addRow(self.histogram)
+        form.addRow(QLabel("Acceptance along the answer"))
+        form.addRow(self.trace)
+        layout.addWidget(box)
+        compare = QGroupBox("A/B: speculation on vs off")
+        compare_layout = QVBoxLayout(compare)
+        self.comparison = QLabel("Use Compare to rerun the last prompt without speculation.")
+        self.comparison.setWordWrap(True)
+        compare_layout.addWidget(self.comparison)
+        layout.addWidget(compare)
+        layout.addStretch(1)
+
+    def set_colours(self, accepted: str, corrected: str) -> None:
+        self.histogram.colour = QColor(accepted)
+        self.trace.colour = QColor(corrected)
+
+    def show_stats(self, stats: dict) -> None:
+        """`stats` as in AnswerBuilder.summary() (live or saved with a message)."""
+        if not stats:
+            return
+        drafted = stats.get("drafted", 0)
+        self.fields["mode"].setText(stats.get("mode", ""))
+        self.fields["acceptance"].setText(
+            f"{stats['acceptance_rate']:.1%} ({stats['accepted']}/{drafted})" if drafted else "– (nothing drafted)")
+        self.fields["length"].setText(f"{stats.get('mean_accepted_length', 0):.2f} tokens per target pass")
+        self.fields["speed"].setText(f"{stats.get('tokens_per_s', 0):.2f} tokens/s ({stats.get('tokens', 0)} tokens)")
+        self.fields["time"].setText(f"{stats.get('draft_seconds', 0):.1f} s / {stats.get('target_seconds', 0):.1f} s")
+        self.histogram.set_lengths(stats.get("accepted_lengths", []))
+        self.trace.set_values(stats.get("acceptance_trace", []))
+
+    def show_memory(self, text: str) -> None:
+        self.fields["memory"].setText(text)
+
+    def show_comparison(self, speculative: dict, plain: dict) -> None:
+        speedup = speculative["tokens_per_s"] / plain["tokens_per_s"] if plain.get("tokens_per_s") else 0.0
+        same = speculative.get("token_ids") == plain.get("token_ids")
+        self.comparison.setText(
+            f"speculative {speculative['tokens_per_s']:.2f} tok/s, plain {plain['tokens_per_s']:.2f} tok/s: "
+            f"<b>{speedup:.2f}x</b>. Texts {'<b>identical</b>' if same else '<b>differ</b>'}"
+            + ("" if same else " (expected only when sampling with temperature > 0)") + "."
+        )

@@ -1,0 +1,81 @@
+"""Starting the desktop app (qasync drives Qt and asyncio on one loop) and the
+offscreen screenshot mode."""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from .theme import RESOURCES
+
+
+def _application():
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("SpecChat")
+    app.setOrganizationName("SpecChat")
+    app.setWindowIcon(QIcon(str(RESOURCES / "icon.png")))
+    return app
+
+
+def run_gui() -> int:
+    import qasync
+
+    from ..chat.store import ChatStore
+    from .main_window import MainWindow
+
+    app = _application()
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    closed = asyncio.Event()
+    app.aboutToQuit.connect(closed.set)
+    window = MainWindow(ChatStore())
+    window.show()
+    with loop:
+        loop.run_until_complete(closed.wait())
+    window.store.close()
+    return 0
+
+
+def run_screenshot(path: Path, prompt: str, dark: bool = False) -> int:
+    """One chat turn with the current settings, offscreen; saves a PNG of the window."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QSettings, QTimer
+
+    from ..chat.store import ChatStore
+    from .main_window import MainWindow
+
+    app = _application()
+    workdir = Path(tempfile.mkdtemp(prefix="specchat-shot-"))
+    settings = QSettings(str(workdir / "settings.ini"), QSettings.IniFormat)
+    for key in QSettings("SpecChat", "SpecChat").allKeys():  # the user's settings, left untouched
+        settings.setValue(key, QSettings("SpecChat", "SpecChat").value(key))
+    if dark:
+        settings.setValue("theme", "dark")
+    window = MainWindow(ChatStore(workdir / "chats.sqlite3"), settings)
+    window.show()
+    outcome = {"code": 1}
+
+    def save() -> None:
+        window.chat_view.verticalScrollBar().setValue(window.chat_view.verticalScrollBar().maximum())
+        saved = window.grab().save(str(path))
+        print(f"wrote {path}" if saved else f"error: could not write {path}", file=sys.stderr)
+        outcome["code"] = 0 if saved else 1
+        window.close()
+        app.quit()
+
+    def failed() -> None:
+        print(f"error: {getattr(window, 'last_error', 'unknown error')}", file=sys.stderr)
+        outcome["code"] = 2
+        app.quit()
+
+    window.models_ready.connect(lambda: window.send(prompt))
+    window.answer_finished.connect(lambda: QTimer.singleShot(200, save))
+    window.loader.failed.connect(lambda _: QTimer.singleShot(0, failed))
+    window.loader.loaded.connect(lambda result: result.engine is None and QTimer.singleShot(0, failed))
+    app.exec()
+    return outcome["code"]

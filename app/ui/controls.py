@@ -1,0 +1,124 @@
+"""The controls panel: models, speculation, draft length, proposer, sampling, device."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QStandardItemModel
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel,
+                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+from ..engine.engine import GenerationOptions, ProposerKind
+from ..engine.sampling import SamplingParams
+
+DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
+DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]
+INCOMPATIBLE = "  (different vocabulary)"
+
+
+class ControlsPanel(QWidget):
+    models_changed = Signal()
+    add_model_requested = Signal()
+
+    def __init__(self, device_text: str) -> None:
+        super().__init__()
+        layout = QVBoxLayout(self)
+
+        models = QGroupBox("Models")
+        form = QFormLayout(models)
+        self.target = QComboBox()
+        self.draft = QComboBox()
+        for label, source in DEFAULT_TARGETS:
+            self.target.addItem(label, source)
+        for label, source in DEFAULT_DRAFTS:
+            self.draft.addItem(label, source)
+        self.add_model = QPushButton("Add model...")
+        self.add_model.setToolTip("A Hugging Face model folder, a .gguf file, or a hub id in the local cache")
+        self.device = QLabel(device_text)
+        self.device.setWordWrap(True)
+        form.addRow("Target", self.target)
+        form.addRow("Draft", self.draft)
+        form.addRow("", self.add_model)
+        form.addRow("Device", self.device)
+        layout.addWidget(models)
+
+        speculation = QGroupBox("Speculation")
+        form = QFormLayout(speculation)
+        self.speculative = QCheckBox("Speculative decoding")
+        self.speculative.setChecked(True)
+        self.k = QSpinBox()
+        self.k.setRange(1, 16)
+        self.k.setValue(4)
+        self.adaptive = QCheckBox("Adaptive k")
+        self.proposer = QComboBox()
+        self.proposer.addItem("Draft model", ProposerKind.DRAFT_MODEL)
+        self.proposer.addItem("Prompt lookup (n-gram)", ProposerKind.PROMPT_LOOKUP)
+        form.addRow(self.speculative)
+        form.addRow("Draft length k", self.k)
+        form.addRow(self.adaptive)
+        form.addRow("Proposer", self.proposer)
+        layout.addWidget(speculation)
+
+        sampling = QGroupBox("Sampling")
+        form = QFormLayout(sampling)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.0, 2.0)
+        self.temperature.setSingleStep(0.1)
+        self.temperature.setToolTip("0 = greedy: the answer is exactly the target's, token for token")
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.05, 1.0)
+        self.top_p.setSingleStep(0.05)
+        self.top_p.setValue(1.0)
+        self.max_new_tokens = QSpinBox()
+        self.max_new_tokens.setRange(1, 8192)
+        self.max_new_tokens.setValue(512)
+        self.seed = QSpinBox()
+        self.seed.setRange(0, 2**31 - 1)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top-p", self.top_p)
+        form.addRow("Max new tokens", self.max_new_tokens)
+        form.addRow("Seed", self.seed)
+        layout.addWidget(sampling)
+        layout.addStretch(1)
+
+        self.target.currentIndexChanged.connect(lambda _: self.models_changed.emit())
+        self.draft.currentIndexChanged.connect(lambda _: self.models_changed.emit())
+        self.add_model.clicked.connect(self.add_model_requested.emit)
+        self.speculative.toggled.connect(self._update_enabled)
+        self._update_enabled()
+
+    def _update_enabled(self) -> None:
+        on = self.speculative.isChecked()
+        for widget in (self.k, self.adaptive, self.proposer):
+            widget.setEnabled(on)
+
+    def generation_options(self) -> GenerationOptions:
+        return GenerationOptions(
+            speculative=self.speculative.isChecked(),
+            proposer=ProposerKind(self.proposer.currentData()),
+            k=self.k.value(),
+            adaptive=self.adaptive.isChecked(),
+            sampling=SamplingParams(temperature=self.temperature.value(), top_p=self.top_p.value()),
+            seed=self.seed.value(),
+            max_new_tokens=self.max_new_tokens.value(),
+        )
+
+    def target_source(self) -> str:
+        return self.target.currentData()
+
+    def draft_source(self) -> str:
+        return self.draft.currentData()
+
+    def add_source(self, label: str, source: str) -> None:
+        for combo in (self.target, self.draft):
+            if combo.findData(source) < 0:
+                combo.addItem(label, source)
+
+    def mark_draft_incompatible(self, source: str, reason: str) -> None:
+        index = self.draft.findData(source)
+        if index < 0:
+            return
+        item = self.draft.model().item(index) if isinstance(self.draft.model(), QStandardItemModel) else None
+        if not self.draft.itemText(index).endswith(INCOMPATIBLE):
+            self.draft.setItemText(index, self.draft.itemText(index) + INCOMPATIBLE)
+        self.draft.setItemData(index, reason, Qt.ToolTipRole)
+        if item is not None:
+            item.setEnabled(False)

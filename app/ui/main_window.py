@@ -1,0 +1,470 @@
+"""The main window: sidebar of chats, conversation and composer, controls and acceptance."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import (QApplication, QCheckBox, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
+                               QListWidget, QListWidgetItem, QMainWindow, QMessageBox, QProgressDialog, QPushButton,
+                               QScrollArea, QSplitter, QVBoxLayout, QWidget)
+
+from ..chat.answer import AnswerBuilder
+from ..chat.conversation import Conversation, Message
+from ..chat.export import to_markdown
+from ..chat.prompt import chat_prompt_ids
+from ..chat.store import ChatStore, StoreError
+from ..engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
+from ..engine.errors import ModelError
+from ..engine.models import LoadedModel, load_model, load_tokenizer, pick_device, vocabulary_mismatch
+from .acceptance_view import AcceptanceView
+from .chat_view import ChatView
+from .composer import Composer
+from .controls import ControlsPanel
+from .render import RenderOptions
+from .theme import RESOURCES, SOURCE_HELP, THEMES
+from .worker import GenerationWorker, Loader
+
+
+@dataclass
+class LoadResult:
+    engine: SpeculativeEngine | None = None
+    error: str | None = None
+    incompatible_draft: str | None = None  # source of a draft refused for its vocabulary
+
+
+def describe(options: GenerationOptions) -> str:
+    if not options.speculative:
+        return "plain"
+    how = "prompt lookup" if options.proposer is ProposerKind.PROMPT_LOOKUP else "draft model"
+    return f"speculative ({how}, {'adaptive k' if options.adaptive else f'k={options.k}'})"
+
+
+class MainWindow(QMainWindow):
+    models_ready = Signal()
+    answer_finished = Signal()
+
+    def __init__(self, store: ChatStore, settings: QSettings | None = None, load=load_model) -> None:
+        super().__init__()
+        self.store = store
+        self.settings = settings or QSettings("SpecChat", "SpecChat")
+        self.load = load
+        self.device, self.dtype, device_text = pick_device()
+        self.models: dict[str, LoadedModel] = {}
+        self.engine: SpeculativeEngine | None = None
+        self.conversation = Conversation()
+        self.builder: AnswerBuilder | None = None
+        self.comparing = False
+        self.last_options: GenerationOptions | None = None
+        self.worker = GenerationWorker()
+        self.loader = Loader()
+        self.progress: QProgressDialog | None = None
+        self._render_timer = QTimer(self, singleShot=True, interval=40)
+        self._render_timer.timeout.connect(self._render)
+
+        self.setWindowTitle("SpecChat")
+        self.setWindowIcon(QIcon(str(RESOURCES / "icon.png")))
+        self.controls = ControlsPanel(device_text)
+        self.acceptance = AcceptanceView()
+        self.chat_view = ChatView(RenderOptions(THEMES["light"]))
+        self.composer = Composer()
+        self._build_layout()
+        self._build_menus()
+        self._restore_settings()
+        self._connect()
+        self.apply_view_options()
+        self.refresh_chat_list()
+        self.set_busy(False)
+        self.load_models()
+
+    # ---- layout -------------------------------------------------------------------------
+    def _build_layout(self) -> None:
+        sidebar = QWidget()
+        side = QVBoxLayout(sidebar)
+        self.search = QLineEdit(placeholderText="Search chats")
+        self.chat_list = QListWidget()
+        buttons = QHBoxLayout()
+        self.new_button, self.rename_button, self.delete_button = (
+            QPushButton("New"), QPushButton("Rename"), QPushButton("Delete"))
+        for button in (self.new_button, self.rename_button, self.delete_button):
+            buttons.addWidget(button)
+        side.addWidget(self.search)
+        side.addWidget(self.chat_list, 1)
+        side.addLayout(buttons)
+
+        center = QWidget()
+        middle = QVBoxLayout(center)
+        legend_row = QHBoxLayout()
+        self.legend = QLabel()
+        self.colouring = QCheckBox("Colours")
+        self.ghosts = QCheckBox("Show rejected drafts")
+        legend_row.addWidget(self.legend, 1)
+        legend_row.addWidget(self.colouring)
+        legend_row.addWidget(self.ghosts)
+        middle.addLayout(legend_row)
+        middle.addWidget(self.chat_view, 1)
+        middle.addWidget(self.composer)
+        actions = QHBoxLayout()
+        self.compare_button = QPushButton("Compare")
+        self.compare_button.setToolTip("Rerun the last prompt with speculation off (same seed and settings)")
+        self.stop_button = QPushButton("Stop")
+        self.send_button = QPushButton("Send", objectName="primary")
+        actions.addStretch(1)
+        for button in (self.compare_button, self.stop_button, self.send_button):
+            actions.addWidget(button)
+        middle.addLayout(actions)
+
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.addWidget(self.controls)
+        right_layout.addWidget(self.acceptance)
+        scroll = QScrollArea(widgetResizable=True)
+        scroll.setWidget(right)
+        scroll.setMinimumWidth(330)
+
+        splitter = QSplitter()
+        for widget in (sidebar, center, scroll):
+            splitter.addWidget(widget)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([220, 760, 360])
+        self.setCentralWidget(splitter)
+        self.resize(1400, 900)
+
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        self.new_action = file_menu.addAction("New chat", QKeySequence.New, self.new_chat)
+        file_menu.addAction("Export chat as Markdown...", QKeySequence("Ctrl+E"), self.export_markdown)
+        file_menu.addSeparator()
+        file_menu.addAction("Quit", QKeySequence.Quit, self.close)
+        view_menu = self.menuBar().addMenu("&View")
+        self.dark_action = QAction("Dark theme", self, checkable=True)
+        view_menu.addAction(self.dark_action)
+        chat_menu = self.menuBar().addMenu("&Chat")
+        chat_menu.addAction("Stop", QKeySequence("Esc"), self.stop)
+        chat_menu.addAction("Compare with speculation off", QKeySequence("Ctrl+K"), self.compare)
+
+    def _connect(self) -> None:
+        self.composer.send_requested.connect(self.send)
+        self.composer.stop_requested.connect(self.stop)
+        self.send_button.clicked.connect(lambda: self.send(self.composer.toPlainText().strip()))
+        self.stop_button.clicked.connect(self.stop)
+        self.compare_button.clicked.connect(self.compare)
+        self.colouring.toggled.connect(self.apply_view_options)
+        self.ghosts.toggled.connect(self.apply_view_options)
+        self.dark_action.toggled.connect(self.apply_view_options)
+        self.controls.models_changed.connect(self.load_models)
+        self.controls.add_model_requested.connect(self.add_model)
+        self.worker.step.connect(self._on_step)
+        self.worker.finished.connect(self._on_generation_finished)
+        self.worker.failed.connect(lambda message: self.show_error("Generation failed", message))
+        self.loader.progress.connect(self._on_load_progress)
+        self.loader.loaded.connect(self._on_loaded)
+        self.loader.failed.connect(lambda message: self._on_loaded(LoadResult(error=message)))
+        self.new_button.clicked.connect(self.new_chat)
+        self.rename_button.clicked.connect(self.rename_chat)
+        self.delete_button.clicked.connect(self.delete_chat)
+        self.search.textChanged.connect(self.refresh_chat_list)
+        self.chat_list.itemClicked.connect(lambda item: self.open_chat(item.data(Qt.UserRole)))
+
+    # ---- settings and appearance ------------------------------------------------------------
+    def _restore_settings(self) -> None:
+        s, c = self.settings, self.controls
+        for source in s.value("extra_models", [], list) or []:
+            c.add_source(Path(source).name or source, source)
+        for combo, key in ((c.target, "target"), (c.draft, "draft")):
+            index = combo.findData(s.value(key, combo.currentData()))
+            combo.blockSignals(True)
+            combo.setCurrentIndex(max(index, 0))
+            combo.blockSignals(False)
+        c.speculative.setChecked(s.value("speculative", True, bool))
+        c.k.setValue(s.value("k", 4, int))
+        c.adaptive.setChecked(s.value("adaptive", False, bool))
+        c.proposer.setCurrentIndex(max(c.proposer.findData(ProposerKind(s.value("proposer", "draft"))), 0))
+        c.temperature.setValue(s.value("temperature", 0.0, float))
+        c.top_p.setValue(s.value("top_p", 1.0, float))
+        c.max_new_tokens.setValue(s.value("max_new_tokens", 512, int))
+        c.seed.setValue(s.value("seed", 0, int))
+        self.colouring.setChecked(s.value("colouring", True, bool))
+        self.ghosts.setChecked(s.value("ghosts", False, bool))
+        self.dark_action.setChecked(s.value("theme", "light") == "dark")
+
+    def save_settings(self) -> None:
+        s, c = self.settings, self.controls
+        options = c.generation_options()
+        for key, value in [("target", c.target_source()), ("draft", c.draft_source()),
+                           ("speculative", options.speculative), ("k", options.k), ("adaptive", options.adaptive),
+                           ("proposer", options.proposer.value), ("temperature", options.sampling.temperature),
+                           ("top_p", options.sampling.top_p), ("max_new_tokens", options.max_new_tokens),
+                           ("seed", options.seed), ("colouring", self.colouring.isChecked()),
+                           ("ghosts", self.ghosts.isChecked()), ("theme", self.theme.name)]:
+            s.setValue(key, value)
+        s.sync()
+
+    @property
+    def theme(self):
+        return THEMES["dark" if self.dark_action.isChecked() else "light"]
+
+    def apply_view_options(self) -> None:
+        theme = self.theme
+        app = QApplication.instance()
+        if app is not None:
+            app.setStyleSheet(theme.stylesheet())
+        self.chat_view.set_options(RenderOptions(theme, self.colouring.isChecked(), self.ghosts.isChecked()))
+        self.acceptance.set_colours(theme.accepted, theme.corrected)
+        swatches = "".join(
+            f'<span style="color:{theme.colour(source)};{"text-decoration:underline;" if source == "corrected" else ""}'
+            f'{"font-weight:600;" if source == "bonus" else ""}">&#9632; {source}</span>&nbsp;&nbsp;&nbsp;'
+            for source in SOURCE_HELP)
+        self.legend.setText(swatches)
+        self.legend.setToolTip("<br>".join(f"<b>{k}</b>: {v}" for k, v in SOURCE_HELP.items()))
+
+    # ---- models ---------------------------------------------------------------------------
+    def load_models(self) -> None:
+        target_source, draft_source = self.controls.target_source(), self.controls.draft_source()
+        self.engine = None
+        self.set_busy(False)
+        self.statusBar().showMessage(f"Loading models: {target_source} + {draft_source}...")
+        self.progress = QProgressDialog("Preparing models...", None, 0, 0, self)
+        self.progress.setWindowTitle("SpecChat: preparing models")
+        self.progress.setWindowModality(Qt.NonModal)
+        self.progress.setMinimumDuration(800)
+
+        def job(report) -> LoadResult:
+            for source in (target_source, draft_source):
+                if source not in self.models:
+                    self.models[source] = self.load(source, self.device, self.dtype, report)
+            try:
+                return LoadResult(SpeculativeEngine(self.models[target_source], self.models[draft_source]))
+            except ModelError as error:
+                return LoadResult(error=str(error), incompatible_draft=draft_source)
+
+        self.loader.run(job)
+
+    def _on_load_progress(self, stage: str, fraction: float) -> None:
+        if self.progress is None:
+            return
+        self.progress.setLabelText(stage)
+        self.progress.setMaximum(0 if fraction < 0 else 100)
+        self.progress.setValue(0 if fraction < 0 else int(fraction * 100))
+        self.statusBar().showMessage(stage)
+
+    def _on_loaded(self, result: LoadResult) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+        if result.engine is None:
+            self.statusBar().showMessage("Models not loaded")
+            if result.incompatible_draft:
+                self.controls.mark_draft_incompatible(result.incompatible_draft, result.error)
+            self.show_error("Cannot use these models", result.error or "unknown error")
+            return
+        self.engine = result.engine
+        target, draft = self.engine.target, self.engine.draft
+        self.acceptance.show_memory(
+            f"target {target.memory_bytes / 2**30:.2f} GiB, draft {draft.memory_bytes / 2**30:.2f} GiB "
+            f"(+{draft.memory_bytes / target.memory_bytes:.0%})")
+        self.statusBar().showMessage(f"Ready: {target.name} with draft {draft.name}", 5000)
+        self.set_busy(False)
+        self.models_ready.emit()
+
+    def add_model(self) -> None:
+        source, ok = QInputDialog.getText(self, "Add model", "Model folder, .gguf file, or hub id in the local cache:")
+        if not ok or not source.strip():
+            return
+        self.add_model_source(source.strip())
+
+    def add_model_source(self, source: str) -> None:
+        """Adds a model to both pickers; flags it as a draft when its vocabulary differs."""
+        self.controls.add_source(Path(source).name or source, source)
+        extra = self.settings.value("extra_models", [], list) or []
+        if source not in extra:
+            self.settings.setValue("extra_models", [*extra, source])
+        if self.engine is None:
+            return
+        target = self.engine.target
+
+        def job(report):
+            try:
+                reason = vocabulary_mismatch(load_tokenizer(source), target.tokenizer, source, target.name)
+            except ModelError as error:
+                reason = str(error)
+            return ("vocabulary", source, reason)
+
+        checker = Loader(self)
+        checker.loaded.connect(lambda result: result[2] and self.controls.mark_draft_incompatible(result[1], result[2]))
+        checker.run(job)
+
+    # ---- chats --------------------------------------------------------------------------
+    def refresh_chat_list(self) -> None:
+        self.chat_list.clear()
+        for chat_id, title, _ in self.store.list_chats(self.search.text()):
+            item = QListWidgetItem(title)
+            item.setData(Qt.UserRole, chat_id)
+            self.chat_list.addItem(item)
+            if chat_id == self.conversation.id:
+                item.setSelected(True)
+
+    def new_chat(self) -> None:
+        if self.worker.running:
+            return
+        self.conversation = Conversation()
+        self.chat_view.show_messages([])
+        self.refresh_chat_list()
+
+    def open_chat(self, chat_id: int) -> None:
+        if self.worker.running:
+            return
+        self.conversation = self.store.load_chat(chat_id)
+        self.last_options = None
+        self.chat_view.show_messages(self.conversation.messages)
+        answers = [m for m in self.conversation.messages if m.role == "assistant"]
+        if answers:
+            self.acceptance.show_stats(answers[-1].stats)
+
+    def rename_chat(self) -> None:
+        if self.conversation.id is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=self.conversation.title)
+        if ok and title.strip():
+            self.conversation.title = title.strip()
+            self._save(lambda: self.store.rename_chat(self.conversation.id, self.conversation.title))
+            self.refresh_chat_list()
+
+    def delete_chat(self) -> None:
+        if self.conversation.id is None or self.worker.running:
+            return
+        if QMessageBox.question(self, "Delete chat", f"Delete '{self.conversation.title}'?") != QMessageBox.Yes:
+            return
+        self._save(lambda: self.store.delete_chat(self.conversation.id))
+        self.new_chat()
+
+    def export_markdown(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{self.conversation.title}.md", "Markdown (*.md)")
+        if path:
+            try:
+                Path(path).write_text(to_markdown(self.conversation), encoding="utf-8")
+            except OSError as error:
+                self.show_error("Export failed", f"Could not write {path}: {error}")
+
+    def _save(self, write) -> bool:
+        try:
+            write()
+            return True
+        except StoreError as error:
+            self.show_error("Could not save", str(error))
+            return False
+
+    # ---- generation -----------------------------------------------------------------------
+    def set_busy(self, busy: bool) -> None:
+        ready = self.engine is not None
+        self.send_button.setEnabled(ready and not busy)
+        self.compare_button.setEnabled(ready and not busy and self._last_answer() is not None)
+        self.stop_button.setEnabled(busy)
+        for widget in (self.controls.target, self.controls.draft, self.controls.add_model, self.chat_list,
+                       self.new_button, self.delete_button):
+            widget.setEnabled(not busy)
+
+    def send(self, text: str) -> None:
+        if not text or self.worker.running:
+            return
+        if self.engine is None:
+            self.statusBar().showMessage("The models are still loading; your message stays in the box.", 5000)
+            return
+        self.composer.clear()
+        if not self.conversation.messages:
+            self.conversation.title = text.splitlines()[0][:60]
+        user = Message(role="user", content=text)
+        self.conversation.messages.append(user)
+        self._save(lambda: self.store.add_message(self.conversation, user))
+        self.refresh_chat_list()
+        options = self.controls.generation_options()
+        self._start(self.conversation.prompt_messages(), options, comparing=False)
+
+    def compare(self) -> None:
+        answer = self._last_answer()
+        if answer is None or self.worker.running or self.engine is None:
+            return
+        index = self.conversation.messages.index(answer)
+        options = replace(self.last_options or self.controls.generation_options(), speculative=False)
+        self.statusBar().showMessage("Comparing: the same prompt with speculation off...")
+        self._start([m.to_prompt() for m in self.conversation.messages[:index]], options, comparing=True)
+
+    def _last_answer(self) -> Message | None:
+        answers = [m for m in self.conversation.messages if m.role == "assistant" and m.stats.get("token_ids")]
+        return answers[-1] if answers else None
+
+    def _start(self, prompt_messages: list[dict], options: GenerationOptions, comparing: bool) -> None:
+        if options.speculative and options.proposer is ProposerKind.DRAFT_MODEL and self.engine.draft is None:
+            options = replace(options, proposer=ProposerKind.PROMPT_LOOKUP)
+        self.comparing = comparing
+        if not comparing:
+            self.last_options = options
+        self.builder = AnswerBuilder(self.engine.target.tokenizer, describe(options))
+        prompt_ids = chat_prompt_ids(self.engine.target.tokenizer, prompt_messages)
+        self.set_busy(True)
+        self.worker.start(self.engine, prompt_ids, options)
+
+    def stop(self) -> None:
+        if self.worker.running:
+            self.worker.stop()
+            self.statusBar().showMessage("Stopping after this step...", 3000)
+
+    def _on_step(self, step) -> None:
+        if self.builder is None:
+            return
+        self.builder.add(step)
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def _streaming_message(self) -> Message | None:
+        return None if self.builder is None or self.comparing else self.builder.message()
+
+    def _render(self) -> None:
+        if self.builder is None:
+            return
+        self.acceptance.show_stats(self.builder.summary())
+        streaming = self._streaming_message()
+        self.chat_view.show_messages(self.conversation.messages + ([streaming] if streaming else []))
+
+    def _on_generation_finished(self) -> None:
+        self._render_timer.stop()
+        builder, self.builder = self.builder, None
+        if builder is not None:
+            if self.comparing:
+                answer = self._last_answer()
+                if answer is not None:
+                    self.acceptance.show_comparison(answer.stats, builder.summary())
+                    self.statusBar().showMessage("Comparison done", 5000)
+            elif builder.tokens or builder.stats.emitted:
+                message = builder.message()
+                self.conversation.messages.append(message)
+                self._save(lambda: self.store.add_message(self.conversation, message))
+                self.acceptance.show_stats(message.stats)
+                self.refresh_chat_list()
+            self.chat_view.show_messages(self.conversation.messages)
+        self.comparing = False
+        self.set_busy(False)
+        self.answer_finished.emit()
+
+    def show_error(self, title: str, message: str) -> None:
+        self.statusBar().showMessage(f"{title}: {message}", 10000)
+        box = QMessageBox(QMessageBox.Warning, title, message, QMessageBox.Ok, self)
+        box.setModal(False)
+        box.show()
+        self.last_error = message
+
+    # ---- closing ---------------------------------------------------------------------------
+    def closeEvent(self, event: QCloseEvent) -> None:
+        """Stop generation at the next step and keep what was generated so far."""
+        if self.worker.running:
+            self.worker.stop()
+            self.worker.wait(30)
+            if self.builder is not None and not self.comparing and self.builder.tokens:
+                message = self.builder.message()
+                message.stats["finish"] = "interrupted"
+                self.conversation.messages.append(message)
+                self._save(lambda: self.store.add_message(self.conversation, message))
+            self.builder = None
+        self.save_settings()
+        super().closeEvent(event)

@@ -1,0 +1,124 @@
+"""Messages -> HTML for the chat view: each answer token a link styled by its provenance,
+fenced code blocks in a monospace box, rejected drafts as struck-through ghost text."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+
+from ..chat.conversation import Message, TokenRecord
+from .theme import Theme
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    theme: Theme
+    colouring: bool = True
+    ghosts: bool = False  # show rejected draft tokens
+
+
+def token_href(message_index: int, token_index: int) -> str:
+    return f"tok:{message_index}:{token_index}"
+
+
+def parse_href(href: str) -> tuple[int, int] | None:
+    if not href.startswith("tok:"):
+        return None
+    _, message_index, token_index = href.split(":")
+    return int(message_index), int(token_index)
+
+
+def _token_html(message_index: int, index: int, token: TokenRecord, text: str, options: RenderOptions) -> str:
+    theme = options.theme
+    colour = theme.colour(token.source) if options.colouring else theme.text
+    decoration = "underline" if options.colouring and token.source == "corrected" else "none"
+    weight = "font-weight:600;" if options.colouring and token.source == "bonus" else ""
+    return (f'<a href="{token_href(message_index, index)}" style="color:{colour};'
+            f'text-decoration:{decoration};{weight}">{escape(text)}</a>')
+
+
+def _ghost_html(token: TokenRecord, options: RenderOptions) -> str:
+    if not (options.ghosts and token.rejected):
+        return ""
+    return (f'<span style="color:{options.theme.muted};text-decoration:line-through">'
+            f"{escape(token.rejected)}</span>")
+
+
+def _lines(tokens: list[TokenRecord]) -> list[list[tuple[str, int]]]:
+    """Split the answer into lines of (text, token index) fragments."""
+    lines: list[list[tuple[str, int]]] = [[]]
+    for index, token in enumerate(tokens):
+        for part_index, part in enumerate(token.text.split("\n")):
+            if part_index:
+                lines.append([])
+            if part:
+                lines[-1].append((part, index))
+    return lines
+
+
+def answer_html(message_index: int, tokens: list[TokenRecord], options: RenderOptions) -> str:
+    blocks: list[str] = []
+    current: list[str] = []
+    in_code = False
+    ghosted: set[int] = set()  # tokens whose ghost text was placed (before their first fragment)
+
+    def flush(code: bool) -> None:
+        if not current:
+            return
+        body = "\n".join(current) if code else "<br>".join(current)
+        if code:
+            blocks.append(f'<table width="100%" cellpadding="8" style="margin:4px 0" '
+                          f'bgcolor="{options.theme.code_background}"><tr><td>'
+                          f'<pre style="font-family:monospace;margin:0">{body}</pre></td></tr></table>')
+        else:
+            blocks.append(f'<p style="white-space:pre-wrap;margin:2px 0">{body}</p>')
+        current.clear()
+
+    for line in _lines(tokens):
+        text = "".join(fragment for fragment, _ in line)
+        parts = []
+        for fragment, i in line:
+            if i not in ghosted:
+                ghosted.add(i)
+                parts.append(_ghost_html(tokens[i], options))
+            parts.append(_token_html(message_index, i, tokens[i], fragment, options))
+        rendered = "".join(parts)
+        if text.lstrip().startswith("```"):
+            flush(in_code)
+            in_code = not in_code
+            language = text.strip().strip("`")
+            if language:
+                blocks.append(f'<p style="color:{options.theme.muted};font-family:monospace;margin:6px 0 0 0">'
+                              f"{escape(language)}</p>")
+            continue
+        current.append(rendered)
+    flush(in_code)
+    return "".join(blocks)
+
+
+def stats_line(stats: dict) -> str:
+    if not stats:
+        return ""
+    parts = [stats.get("mode", ""), f"{stats.get('tokens', 0)} tokens", f"{stats.get('tokens_per_s', 0):.2f} tok/s"]
+    if stats.get("drafted"):
+        parts.append(f"acceptance {stats['acceptance_rate']:.0%}")
+        parts.append(f"mean accepted length {stats['mean_accepted_length']:.2f}")
+    if stats.get("finish") in ("cancelled", "interrupted"):
+        parts.append("stopped")
+    return " · ".join(p for p in parts if p)
+
+
+def conversation_html(messages: list[Message], options: RenderOptions) -> str:
+    theme = options.theme
+    out = [f'<body style="color:{theme.text};background:{theme.background}">']
+    for index, message in enumerate(messages):
+        if message.role == "user":
+            out.append(f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>You</b></p>'
+                       f'<table width="100%" cellpadding="8" bgcolor="{theme.user_bubble}"><tr><td>'
+                       f'<p style="white-space:pre-wrap;margin:0">{escape(message.content)}</p></td></tr></table>')
+        else:
+            out.append(f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>Assistant</b>'
+                       f'&nbsp;&nbsp;<small>{escape(stats_line(message.stats))}</small></p>')
+            out.append(answer_html(index, message.tokens, options) if message.tokens
+                       else f'<p style="white-space:pre-wrap">{escape(message.content)}</p>')
+    out.append("</body>")
+    return "".join(out)

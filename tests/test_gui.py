@@ -1,0 +1,180 @@
+"""Layer 5: the GUI with pytest-qt, offscreen, on tiny models (real engine, tiny weights)."""
+import os
+import subprocess
+import sys
+
+import pytest
+from PySide6.QtCore import QSettings
+
+from app.chat.store import ChatStore
+from app.engine.engine import ProposerKind, SpeculativeEngine
+from app.ui.main_window import MainWindow
+from app.ui.theme import LIGHT
+from tests.tiny import tiny_model
+
+pytest.importorskip("pytestqt")
+
+
+@pytest.fixture
+def tiny_models():
+    target = tiny_model(seed=1)
+    return {"default-target": target, "default-draft": tiny_model(seed=1),  # same weights: accepted
+            "other-draft": tiny_model(seed=2), "foreign-draft": tiny_model(seed=3, vocab_size=64, prefix="w")}
+
+
+@pytest.fixture
+def make_window(qtbot, tmp_path, tiny_models):
+    windows = []
+
+    def make(**settings):
+        config = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+        for key, value in {"max_new_tokens": 24, "extra_models": ["other-draft"], **settings}.items():
+            config.setValue(key, value)
+        window = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), config,
+                            load=lambda source, device, dtype, report: tiny_models[source])
+        qtbot.addWidget(window)
+        window.show()
+        if window.engine is None:
+            qtbot.waitSignal(window.models_ready, timeout=10_000).__enter__()
+            qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
+        windows.append(window)
+        return window
+
+    yield make
+    for window in windows:
+        window.worker.stop()
+        window.worker.wait(10)
+
+
+def send_and_wait(qtbot, window, text="hello there"):
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.composer.setPlainText(text)
+        window.send_button.click()
+    return window.conversation.messages[-1]
+
+
+def token_fragments(window):
+    """(href, colour name) of every token fragment in the chat view's document."""
+    found = []
+    block = window.chat_view.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            href = fragment.charFormat().anchorHref()
+            if href.startswith("tok:"):
+                found.append((href, fragment.charFormat().foreground().color().name().lower()))
+            it += 1
+        block = block.next()
+    return found
+
+
+def test_chat_turn_streams_with_provenance_colours(qtbot, make_window):
+    window = make_window(k=3)
+    steps = []
+    window.worker.step.connect(steps.append)
+    answer = send_and_wait(qtbot, window)
+    assert len(steps) > 1  # streamed step by step
+    assert answer.role == "assistant" and answer.tokens
+    sources = {t.source for t in answer.tokens}
+    assert sources <= {"accepted", "bonus"} and "accepted" in sources
+    fragments = token_fragments(window)
+    assert fragments
+    for href, colour in fragments:
+        token = window.chat_view.token_at(href)
+        assert colour == LIGHT.colour(token.source).lower()
+
+
+def test_corrections_are_coloured_and_explained(qtbot, make_window):
+    window = make_window(draft="other-draft")
+    answer = send_and_wait(qtbot, window)
+    corrected = [t for t in answer.tokens if t.source == "corrected"]
+    assert corrected and all(t.replaced is not None for t in corrected)
+    colours = {colour for _, colour in token_fragments(window)}
+    assert LIGHT.corrected.lower() in colours
+    from app.ui.chat_view import token_tooltip
+    assert "replaced draft token" in token_tooltip(corrected[0])
+
+
+def test_speculation_off_gives_only_plain_tokens(qtbot, make_window):
+    window = make_window()
+    window.controls.speculative.setChecked(False)
+    answer = send_and_wait(qtbot, window)
+    assert {t.source for t in answer.tokens} == {"plain"}
+    assert answer.stats["mode"] == "plain" and answer.stats["drafted"] == 0
+
+
+def test_k_and_adaptive_reach_the_engine(qtbot, make_window, monkeypatch):
+    seen = []
+    original = SpeculativeEngine.generate
+    monkeypatch.setattr(SpeculativeEngine, "generate",
+                        lambda self, ids, options, cancel=None: seen.append(options) or original(self, ids, options, cancel))
+    window = make_window()
+    window.controls.k.setValue(7)
+    answer = send_and_wait(qtbot, window)
+    assert seen[-1].k == 7 and not seen[-1].adaptive
+    assert max(answer.stats["accepted_lengths"]) <= 7
+    window.controls.adaptive.setChecked(True)
+    window.controls.k.setValue(1)
+    window.controls.proposer.setCurrentIndex(window.controls.proposer.findData(ProposerKind.PROMPT_LOOKUP))
+    send_and_wait(qtbot, window, "again")
+    assert seen[-1].adaptive and seen[-1].k == 1 and seen[-1].proposer is ProposerKind.PROMPT_LOOKUP
+
+
+def test_stop_cancels_generation(qtbot, make_window):
+    window = make_window(max_new_tokens=5000)
+    window.composer.setPlainText("go on forever")
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        with qtbot.waitSignal(window.worker.step, timeout=10_000):
+            window.send_button.click()
+        window.stop_button.click()
+    answer = window.conversation.messages[-1]
+    assert answer.stats["finish"] == "cancelled"
+    assert answer.stats["tokens"] < 5000
+
+
+def test_incompatible_draft_is_refused_with_a_message(qtbot, make_window):
+    window = make_window()
+    window.controls.add_source("foreign", "foreign-draft")
+    with qtbot.waitSignal(window.loader.loaded, timeout=10_000):
+        window.controls.draft.setCurrentIndex(window.controls.draft.findData("foreign-draft"))
+    assert window.engine is None
+    assert "do not share a vocabulary" in window.last_error and "64 tokens" in window.last_error
+    index = window.controls.draft.findData("foreign-draft")
+    assert window.controls.draft.itemText(index).endswith("(different vocabulary)")
+    assert not window.send_button.isEnabled()
+
+
+def test_saved_chat_reloads_with_colours_after_restart(qtbot, make_window):
+    window = make_window(draft="other-draft")
+    answer = send_and_wait(qtbot, window)
+    chat_id = window.conversation.id
+    window.close()
+    again = make_window()
+    assert again.chat_list.count() == 1
+    again.open_chat(chat_id)
+    reloaded = again.conversation.messages[-1]
+    assert [(t.text, t.source) for t in reloaded.tokens] == [(t.text, t.source) for t in answer.tokens]
+    colours = {colour for _, colour in token_fragments(again)}
+    assert {LIGHT.accepted.lower(), LIGHT.corrected.lower()} & colours
+
+
+def test_compare_reports_identical_greedy_texts(qtbot, make_window):
+    window = make_window(draft="other-draft")
+    send_and_wait(qtbot, window)
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.compare_button.click()
+    assert "identical" in window.acceptance.comparison.text()
+    assert len([m for m in window.conversation.messages if m.role == "assistant"]) == 1
+
+
+def test_closing_during_generation_keeps_the_partial_answer(qtbot, make_window, tmp_path):
+    window = make_window(max_new_tokens=5000)
+    window.composer.setPlainText("long answer please")
+    with qtbot.waitSignal(window.worker.step, timeout=10_000):
+        window.send_button.click()
+    window.close()
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    saved = store.load_chat(window.conversation.id).messages
+    assert [m.role for m in saved] == ["user", "assistant"]
+    assert saved[-1].stats["finish"] == "interrupted" and saved[-1].tokens
