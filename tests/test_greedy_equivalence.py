@@ -2,9 +2,11 @@
 import pytest
 import torch
 
-from app.engine.engine import ProposerKind, SpeculativeEngine
+from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
+from app.engine.policy import AdaptiveK
 from app.engine.steps import Source
 from tests.helpers import all_steps, generated_ids
+from tests.tiny import tiny_model
 
 PROMPTS = [[1, 2, 3, 4, 5], [7], [10, 11, 12, 10, 11, 12, 10, 11]]
 N_NEW = 48
@@ -55,11 +57,32 @@ def test_adaptive_k_gives_target_output(tiny_target, tiny_draft, draft_name):
         assert generated_ids(engine, prompt, k=2, adaptive=True, max_new_tokens=N_NEW) == plain
 
 
-def test_adaptive_k_grows_after_full_acceptance(tiny_target):
-    engine = SpeculativeEngine(tiny_target, tiny_target)
+def test_adaptive_policy_lengthens_and_shortens():
+    policy = AdaptiveK(k=4, k_min=1, k_max=6)
+    policy.update(n_drafted=4, n_accepted=4)
+    assert policy.k == 6
+    policy.update(n_drafted=6, n_accepted=6)
+    assert policy.k == 6  # capped
+    policy.update(n_drafted=6, n_accepted=1)
+    assert policy.k == 5
+    policy.update(n_drafted=5, n_accepted=3)
+    assert policy.k == 5  # more than half accepted: unchanged
+
+
+def test_adaptive_k_grows_after_full_acceptance():
+    confident = tiny_model(seed=1, init_range=2.0)  # peaked distributions: the draft is sure
+    engine = SpeculativeEngine(confident, confident)
     steps = all_steps(engine, PROMPTS[0], k=1, adaptive=True, max_new_tokens=64)
     lengths = steps[-1].stats.accepted_lengths
     assert max(lengths) > 1  # started at k=1, so k must have grown
+
+
+def test_unsure_draft_stops_early():
+    """A same-model draft is always accepted, so only its low confidence shortens drafts."""
+    engine = SpeculativeEngine(tiny_model(seed=1), tiny_model(seed=1))
+    steps = list(engine.generate(PROMPTS[0], GenerationOptions(k=8, adaptive=True, max_new_tokens=40)))
+    assert steps[-1].stats.acceptance_rate == 1.0
+    assert steps[-1].stats.drafted < 8 * steps[-1].stats.target_passes
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

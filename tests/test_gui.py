@@ -110,6 +110,7 @@ def test_k_and_adaptive_reach_the_engine(qtbot, make_window, monkeypatch):
     monkeypatch.setattr(SpeculativeEngine, "generate",
                         lambda self, ids, options, cancel=None: seen.append(options) or original(self, ids, options, cancel))
     window = make_window()
+    window.controls.adaptive.setChecked(False)
     window.controls.k.setValue(7)
     answer = send_and_wait(qtbot, window)
     assert seen[-1].k == 7 and not seen[-1].adaptive

@@ -52,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSONL file with a 'question' field (default: GSM8K test)")
     parser.add_argument("--limit", type=int, default=3, help="number of prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("-k", type=int, default=4, help="draft length of our speculative decoding")
-    parser.add_argument("--adaptive", action="store_true", help="adaptive draft length for ours")
+    parser.add_argument("-k", type=int, default=8, help="draft length of ours (the starting length when adaptive)")
+    parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
+                        help="adaptive draft length for ours: stops drafting when the draft is unsure (default on)")
     parser.add_argument("--hf-k", default="3,5,8", help="constant draft lengths to try for HF assisted generation")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
     parser.add_argument("--no-packed-linear", action="store_true",

@@ -46,8 +46,10 @@ class ControlsPanel(QWidget):
         self.speculative.setChecked(True)
         self.k = QSpinBox()
         self.k.setRange(1, 16)
-        self.k.setValue(4)
+        self.k.setValue(8)
         self.adaptive = QCheckBox("Adaptive k")
+        self.adaptive.setToolTip("Starts at k, lengthens after full acceptance, shortens after early rejection,\n"
+                                 "and stops drafting when the draft's confidence falls below 0.5")
         self.proposer = QComboBox()
         self.proposer.addItem("Draft model", ProposerKind.DRAFT_MODEL)
         self.proposer.addItem("Prompt lookup (n-gram)", ProposerKind.PROMPT_LOOKUP)

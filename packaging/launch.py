@@ -1,0 +1,4 @@
+"""Entry point for the PyInstaller bundle."""
+from app.cli import main
+
+raise SystemExit(main())
