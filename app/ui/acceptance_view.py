@@ -82,7 +82,7 @@ class AcceptanceView(QWidget):
         self.fields = {}
         for key, label in [("mode", "Mode"), ("acceptance", "Acceptance rate"), ("length", "Mean accepted length"),
                            ("speed", "Speed"), ("time", "Draft / target time"), ("memory", "Memory")]:
-            self.fields[key] = QLabel("–")
+            self.fields[key] = QLabel("–", wordWrap=True)
             form.addRow(label, self.fields[key])
         self.histogram = Histogram()
         self.trace = Trace()

@@ -84,6 +84,8 @@ class MainWindow(QMainWindow):
         side = QVBoxLayout(sidebar)
         self.search = QLineEdit(placeholderText="Search chats")
         self.chat_list = QListWidget()
+        self.chat_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.chat_list.setTextElideMode(Qt.ElideRight)
         buttons = QHBoxLayout()
         self.new_button, self.rename_button, self.delete_button = (
             QPushButton("New"), QPushButton("Rename"), QPushButton("Delete"))
@@ -121,13 +123,14 @@ class MainWindow(QMainWindow):
         right_layout.addWidget(self.acceptance)
         scroll = QScrollArea(widgetResizable=True)
         scroll.setWidget(right)
-        scroll.setMinimumWidth(330)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(400)
 
         splitter = QSplitter()
         for widget in (sidebar, center, scroll):
             splitter.addWidget(widget)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([220, 760, 360])
+        splitter.setSizes([210, 770, 420])
         self.setCentralWidget(splitter)
         self.resize(1400, 900)
 
@@ -231,6 +234,8 @@ class MainWindow(QMainWindow):
         self.progress.setMinimumDuration(800)
 
         def job(report) -> LoadResult:
+            for source in [s for s in self.models if s not in (target_source, draft_source)]:
+                del self.models[source]  # free a replaced model before loading the next
             for source in (target_source, draft_source):
                 if source not in self.models:
                     self.models[source] = self.load(source, self.device, self.dtype, report)

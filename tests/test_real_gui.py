@@ -1,0 +1,55 @@
+"""The desktop app on the real default pair: the screenshot command and a streamed turn."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings
+from PySide6.QtGui import QColor, QImage
+
+from app.chat.store import ChatStore
+from app.engine.models import load_model
+from app.ui.main_window import MainWindow
+from app.ui.theme import LIGHT
+from tests.test_gui import send_and_wait, token_fragments
+
+pytestmark = pytest.mark.real
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_screenshot_command_writes_the_window(tmp_path):
+    config = tmp_path / "config"
+    settings = QSettings(str(config / "SpecChat" / "SpecChat.conf"), QSettings.IniFormat)
+    settings.setValue("max_new_tokens", 24)
+    settings.sync()
+    shot = tmp_path / "shot.png"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(config), "QT_QPA_PLATFORM": "offscreen"}
+    done = subprocess.run([sys.executable, "-m", "app", "--screenshot", str(shot), "--prompt", "Say hello in Python."],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    image = QImage(str(shot))
+    assert (image.width(), image.height()) == (1400, 900)
+    # The answer is there, coloured: some pixels carry the accepted colour.
+    accepted = QColor(LIGHT.accepted)
+    assert any(image.pixelColor(x, y) == accepted for x in range(300, 1000, 2) for y in range(100, 700, 2))
+
+
+@pytest.fixture(scope="module")
+def real_models():
+    return {"default-draft": load_model("default-draft"), "default-target": load_model("default-target")}
+
+
+def test_real_pair_turn_streams_with_provenance(qtbot, tmp_path, real_models):
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+    settings.setValue("max_new_tokens", 32)
+    window = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), settings,
+                        load=lambda source, device, dtype, report: real_models[source])
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitUntil(lambda: window.engine is not None, timeout=30_000)
+    answer = send_and_wait(qtbot, window, "Write a Python function that adds two numbers.")
+    assert answer.stats["tokens"] == 32 and "accepted" in {t.source for t in answer.tokens}
+    for href, colour in token_fragments(window):
+        assert colour == LIGHT.colour(window.chat_view.token_at(href).source).lower()
+    window.close()
