@@ -2,6 +2,7 @@
 fenced code blocks in a monospace box, rejected drafts as struck-through ghost text."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from html import escape
 
@@ -27,13 +28,18 @@ def parse_href(href: str) -> tuple[int, int] | None:
     return int(message_index), int(token_index)
 
 
-def _token_html(message_index: int, index: int, token: TokenRecord, text: str, options: RenderOptions) -> str:
+def _token_html(message_index: int, index: int, token: TokenRecord, text: str, options: RenderOptions,
+                style: str = "") -> str:
     theme = options.theme
     colour = theme.colour(token.source) if options.colouring else theme.text
     decoration = "underline" if options.colouring and token.source == "corrected" else "none"
     weight = "font-weight:600;" if options.colouring and token.source == "bonus" else ""
     return (f'<a href="{token_href(message_index, index)}" style="color:{colour};'
-            f'text-decoration:{decoration};{weight}">{escape(text)}</a>')
+            f'text-decoration:{decoration};{weight}{style}">{escape(text)}</a>')
+
+
+_INLINE_MARKERS = re.compile(r"(\*\*|`)")
+_INLINE_STYLE = {"`": "font-family:monospace;", "**": "font-weight:700;"}
 
 
 def _ghost_html(token: TokenRecord, options: RenderOptions) -> str:
@@ -55,11 +61,42 @@ def _lines(tokens: list[TokenRecord]) -> list[list[tuple[str, int]]]:
     return lines
 
 
+def _line_html(message_index: int, line: list[tuple[str, int]], tokens: list[TokenRecord],
+               options: RenderOptions, ghosted: set[int], markdown: bool) -> str:
+    """One line of an answer; with `markdown`, inline `code`, **bold** and # headings are
+    styled and their markers hidden (code blocks keep every character)."""
+    text = "".join(fragment for fragment, _ in line)
+    heading = 0
+    if markdown and text.startswith("#") and text.lstrip("#").startswith(" "):
+        heading = len(text) - len(text.lstrip("#"))
+    to_skip = heading + 1 if heading else 0  # the '#'s and the space after them
+    open_markers: set[str] = set()
+    parts = []
+    for fragment, i in line:
+        if to_skip:
+            dropped = min(to_skip, len(fragment))
+            fragment, to_skip = fragment[dropped:], to_skip - dropped
+        if i not in ghosted:  # ghost text goes before the token's first fragment
+            ghosted.add(i)
+            parts.append(_ghost_html(tokens[i], options))
+        for piece in _INLINE_MARKERS.split(fragment) if markdown else [fragment]:
+            if markdown and piece in _INLINE_STYLE:
+                open_markers ^= {piece}
+            elif piece:
+                style = "".join(_INLINE_STYLE[m] for m in sorted(open_markers))
+                parts.append(_token_html(message_index, i, tokens[i], piece, options, style))
+    html = "".join(parts)
+    if heading:
+        size = {1: "x-large", 2: "large"}.get(heading, "medium")
+        return f'<span style="font-size:{size};font-weight:700">{html}</span>'
+    return html
+
+
 def answer_html(message_index: int, tokens: list[TokenRecord], options: RenderOptions) -> str:
     blocks: list[str] = []
     current: list[str] = []
     in_code = False
-    ghosted: set[int] = set()  # tokens whose ghost text was placed (before their first fragment)
+    ghosted: set[int] = set()
 
     def flush(code: bool) -> None:
         if not current:
@@ -75,13 +112,6 @@ def answer_html(message_index: int, tokens: list[TokenRecord], options: RenderOp
 
     for line in _lines(tokens):
         text = "".join(fragment for fragment, _ in line)
-        parts = []
-        for fragment, i in line:
-            if i not in ghosted:
-                ghosted.add(i)
-                parts.append(_ghost_html(tokens[i], options))
-            parts.append(_token_html(message_index, i, tokens[i], fragment, options))
-        rendered = "".join(parts)
         if text.lstrip().startswith("```"):
             flush(in_code)
             in_code = not in_code
@@ -90,7 +120,7 @@ def answer_html(message_index: int, tokens: list[TokenRecord], options: RenderOp
                 blocks.append(f'<p style="color:{options.theme.muted};font-family:monospace;margin:6px 0 0 0">'
                               f"{escape(language)}</p>")
             continue
-        current.append(rendered)
+        current.append(_line_html(message_index, line, tokens, options, ghosted, markdown=not in_code))
     flush(in_code)
     return "".join(blocks)
 
