@@ -24,7 +24,7 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     progress = lambda stage, fraction: print(
         f"  {stage}" + (f" {fraction:.0%}" if fraction is not None else ""), file=sys.stderr, flush=True)
     try:
-        draft = load_model(args.draft, device, dtype, progress)
+        draft = load_model(args.draft, device, dtype, progress, int8=True)
         target = load_model(args.target, device, dtype, progress)
         engine = SpeculativeEngine(target, draft)
     except ModelError as error:

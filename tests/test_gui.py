@@ -31,7 +31,7 @@ def make_window(qtbot, tmp_path, tiny_models):
         for key, value in {"max_new_tokens": 24, "extra_models": ["other-draft"], **settings}.items():
             config.setValue(key, value)
         window = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), config,
-                            load=lambda source, device, dtype, report: tiny_models[source])
+                            load=lambda source, device, dtype, report, **_: tiny_models[source])
         qtbot.addWidget(window)
         window.show()
         if window.engine is None:

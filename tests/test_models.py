@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from app.engine import default_models
-from app.engine.engine import SpeculativeEngine
+from app.engine.engine import GenerationOptions, SpeculativeEngine
 from app.engine.errors import ModelError
 from app.engine.models import check_compatible, load_model
 from tests.helpers import generated_ids
@@ -88,3 +88,17 @@ def test_missing_part_package_is_named(fake_parts):
     missing = default_models.PackagedGGUF("Fake", "fakepart", 4, "fake-part", "1.0", 1, "0" * 64)
     with pytest.raises(ModelError, match="fake-part4==1.0 is not installed"):
         missing.part_paths()
+
+
+def test_int8_draft_is_smaller_and_keeps_the_target_output(tmp_path, tiny_target):
+    tiny_target.model.save_pretrained(tmp_path / "m")
+    tiny_target.tokenizer.save_pretrained(tmp_path / "m")
+    full = load_model(str(tmp_path / "m"))
+    quantized = load_model(str(tmp_path / "m"), int8=True)
+    assert quantized.name.endswith("(int8)")
+    assert quantized.memory_bytes < 0.6 * full.memory_bytes
+    prompt = [4, 5, 6]
+    plain = generated_ids(SpeculativeEngine(full), prompt, speculative=False, max_new_tokens=32)
+    steps = list(SpeculativeEngine(full, quantized).generate(prompt, GenerationOptions(k=4, max_new_tokens=32)))
+    assert [t.id for s in steps for t in s.tokens] == plain
+    assert steps[-1].stats.accepted > 0  # an approximate copy of the target still drafts well

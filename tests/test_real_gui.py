@@ -44,7 +44,7 @@ def test_real_pair_turn_streams_with_provenance(qtbot, tmp_path, real_models):
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
     settings.setValue("max_new_tokens", 32)
     window = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), settings,
-                        load=lambda source, device, dtype, report: real_models[source])
+                        load=lambda source, device, dtype, report, **_: real_models[source])
     qtbot.addWidget(window)
     window.show()
     qtbot.waitUntil(lambda: window.engine is not None, timeout=30_000)

@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adaptive draft length for ours: stops drafting when the draft is unsure (default on)")
     parser.add_argument("--hf-k", default="3,5,8", help="constant draft lengths to try for HF assisted generation")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
+    parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True,
+                        help="lever: dynamic int8 draft on CPU (default on; output unchanged, only the target decides)")
+    parser.add_argument("--hf-same-draft", action="store_true",
+                        help="give HF assisted generation our (int8) draft too, instead of the usual fp32 draft")
     parser.add_argument("--no-packed-linear", action="store_true",
                         help="lever off: PyTorch's default fp32 linear instead of pre-packed oneDNN weights")
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -97,9 +101,12 @@ def run_speed(args: argparse.Namespace) -> dict:
     print(f"device: {why}")
     stage = lambda text, fraction: print(f"  {text}" + (f" {fraction:.0%}" if fraction is not None else ""), flush=True)
     packed = not args.no_packed_linear
-    draft = load_model(args.draft, device, dtype, progress=stage, packed_linear=packed)
+    draft = load_model(args.draft, device, dtype, progress=stage, packed_linear=packed, int8=args.draft_int8)
     target = load_model(args.target, device, dtype, progress=stage, packed_linear=packed)
     engine = SpeculativeEngine(target, draft)
+    # transformers users run assisted generation with the draft as published (full precision).
+    hf_draft = draft if args.hf_same_draft or not args.draft_int8 else load_model(
+        args.draft, device, dtype, progress=stage, packed_linear=packed)
     rows = read_jsonl(args.data, args.limit)
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": row["question"]}]) for row in rows]
 
@@ -108,9 +115,9 @@ def run_speed(args: argparse.Namespace) -> dict:
         "speculative": ours(engine, GenerationOptions(k=args.k, adaptive=args.adaptive)),
     }
     if not args.no_hf:
-        modes["hf_assisted_default"] = hf_assisted(target, draft, None)
+        modes["hf_assisted_default"] = hf_assisted(target, hf_draft, None)
         for k in (int(v) for v in args.hf_k.split(",") if v):
-            modes[f"hf_assisted_k{k}"] = hf_assisted(target, draft, k)
+            modes[f"hf_assisted_k{k}"] = hf_assisted(target, hf_draft, k)
 
     for run in modes.values():  # warm-up: first calls allocate and are slow
         run(prompts[0], 8)
@@ -143,7 +150,7 @@ def run_speed(args: argparse.Namespace) -> dict:
     best_hf = max(hf_names, key=speed.get) if hf_names else None
     result = {
         "config": {
-            "target": target.name, "draft": draft.name, "device": why, "dtype": str(dtype).replace("torch.", ""),
+            "target": target.name, "draft": draft.name, "hf_draft": hf_draft.name, "device": why, "dtype": str(dtype).replace("torch.", ""),
             "torch_threads": torch.get_num_threads(), "data": str(args.data), "limit": len(prompts),
             "max_new_tokens": args.max_new_tokens, "k": args.k, "adaptive": args.adaptive, "packed_linear": packed,
         },

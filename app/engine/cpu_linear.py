@@ -1,10 +1,12 @@
-"""Faster fp32 linear layers on CPU: weights pre-packed for oneDNN.
+"""Faster linear layers on CPU: fp32 weights pre-packed for oneDNN, or int8 for drafts.
 
 PyTorch's default fp32 CPU path (MKL sgemm) re-packs the weight on every call, which
 dominates at the small batch sizes of decoding (1 to k+1 tokens). oneDNN with the weight
 packed once is about twice as fast here, in the same float32 precision.
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
@@ -36,3 +38,32 @@ def pack_linears(model: nn.Module) -> int:
                 setattr(parent, name, PackedLinear(child))
                 replaced += 1
     return replaced
+
+
+def quantize_linears_int8(model: nn.Module) -> nn.Module:
+    """Dynamic int8 quantization of every nn.Linear (weights int8 per tensor, activations
+    quantized on the fly): about 3x faster than packed fp32 here, slightly approximate."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's notice that this API moves to torchao
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of weights, counting packed, quantized and tied tensors once each."""
+    seen: set[int] = set()
+
+    def size(value) -> int:
+        if isinstance(value, torch.Tensor):
+            if value.is_mkldnn:
+                return value.numel() * value.element_size()
+            key = value.untyped_storage().data_ptr() if not value.is_quantized else id(value)
+            if key in seen:
+                return 0
+            seen.add(key)
+            return value.numel() * value.element_size()
+        if isinstance(value, (tuple, list)):
+            return sum(size(v) for v in value)
+        return 0
+
+    return sum(size(v) for v in model.state_dict(keep_vars=True).values()) + sum(
+        size(b) for b in model.buffers() if b.is_mkldnn)

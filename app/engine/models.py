@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from . import default_models
-from .cpu_linear import pack_linears
+from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import ModelError
 
 Progress = Callable[[str, float | None], None]  # (stage, fraction done or None when unknown)
@@ -36,8 +36,7 @@ class LoadedModel:
 
     @property
     def memory_bytes(self) -> int:
-        tensors = [*self.model.parameters(), *self.model.buffers()]  # tied weights once
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return model_bytes(self.model)
 
     @property
     def stop_tokens(self) -> frozenset[int]:
@@ -65,9 +64,12 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     progress: Progress | None = None,
     packed_linear: bool = True,
+    int8: bool = False,
 ) -> LoadedModel:
     """packed_linear: on CPU in float32, run linear layers through pre-packed oneDNN weights
-    (same precision, about twice as fast at decoding batch sizes)."""
+    (same precision, about twice as fast at decoding batch sizes).
+    int8: on CPU, dynamic int8 quantization of the linear layers (about 3x faster again, but
+    approximate): meant for draft models, whose precision never changes what is emitted."""
     report = progress or (lambda stage, fraction: None)
     try:
         if source in default_models.DEFAULTS:
@@ -82,7 +84,11 @@ def load_model(
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise ModelError(f"Cannot load model '{source}': {error}") from error
     model.to(device).eval()
-    if packed_linear and torch.device(device).type == "cpu" and dtype == torch.float32:
+    on_cpu = torch.device(device).type == "cpu"
+    if int8 and on_cpu:
+        model = quantize_linears_int8(model)
+        name += " (int8)"
+    elif packed_linear and on_cpu and dtype == torch.float32:
         pack_linears(model)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer)
 

@@ -51,7 +51,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings("SpecChat", "SpecChat")
         self.load = load
         self.device, self.dtype, device_text = pick_device()
-        self.models: dict[str, LoadedModel] = {}
+        self.models: dict[tuple[str, bool], LoadedModel] = {}  # (source, int8) -> model
         self.engine: SpeculativeEngine | None = None
         self.conversation = Conversation()
         self.builder: AnswerBuilder | None = None
@@ -180,6 +180,9 @@ class MainWindow(QMainWindow):
             combo.blockSignals(True)
             combo.setCurrentIndex(max(index, 0))
             combo.blockSignals(False)
+        c.draft_int8.blockSignals(True)
+        c.draft_int8.setChecked(s.value("draft_int8", True, bool))
+        c.draft_int8.blockSignals(False)
         c.speculative.setChecked(s.value("speculative", True, bool))
         c.k.setValue(s.value("k", 8, int))
         c.adaptive.setChecked(s.value("adaptive", True, bool))
@@ -196,6 +199,7 @@ class MainWindow(QMainWindow):
         s, c = self.settings, self.controls
         options = c.generation_options()
         for key, value in [("target", c.target_source()), ("draft", c.draft_source()),
+                           ("draft_int8", c.draft_int8.isChecked()),
                            ("speculative", options.speculative), ("k", options.k), ("adaptive", options.adaptive),
                            ("proposer", options.proposer.value), ("temperature", options.sampling.temperature),
                            ("top_p", options.sampling.top_p), ("max_new_tokens", options.max_new_tokens),
@@ -225,6 +229,8 @@ class MainWindow(QMainWindow):
     # ---- models ---------------------------------------------------------------------------
     def load_models(self) -> None:
         target_source, draft_source = self.controls.target_source(), self.controls.draft_source()
+        draft_int8 = self.controls.draft_int8.isChecked()
+        target_key, draft_key = (target_source, False), (draft_source, draft_int8)
         self.engine = None
         self.set_busy(False)
         self.statusBar().showMessage(f"Loading models: {target_source} + {draft_source}...")
@@ -234,13 +240,13 @@ class MainWindow(QMainWindow):
         self.progress.setMinimumDuration(800)
 
         def job(report) -> LoadResult:
-            for source in [s for s in self.models if s not in (target_source, draft_source)]:
-                del self.models[source]  # free a replaced model before loading the next
-            for source in (target_source, draft_source):
-                if source not in self.models:
-                    self.models[source] = self.load(source, self.device, self.dtype, report)
+            for key in [key for key in self.models if key not in (target_key, draft_key)]:
+                del self.models[key]  # free a replaced model before loading the next
+            for key in (target_key, draft_key):
+                if key not in self.models:
+                    self.models[key] = self.load(key[0], self.device, self.dtype, report, int8=key[1])
             try:
-                return LoadResult(SpeculativeEngine(self.models[target_source], self.models[draft_source]))
+                return LoadResult(SpeculativeEngine(self.models[target_key], self.models[draft_key]))
             except ModelError as error:
                 return LoadResult(error=str(error), incompatible_draft=draft_source)
 
@@ -366,7 +372,8 @@ class MainWindow(QMainWindow):
         self.send_button.setEnabled(ready and not busy)
         self.compare_button.setEnabled(ready and not busy and self._last_answer() is not None)
         self.stop_button.setEnabled(busy)
-        for widget in (self.controls.target, self.controls.draft, self.controls.add_model, self.chat_list,
+        for widget in (self.controls.target, self.controls.draft, self.controls.draft_int8, self.controls.add_model,
+                       self.chat_list,
                        self.new_button, self.delete_button):
             widget.setEnabled(not busy)
 
