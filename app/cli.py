@@ -18,9 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(chat)
     bench = commands.add_parser("bench", help="headless benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
-    from .bench import speed
+    from .bench import seed, speed
 
     speed.add_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
+    seed.add_arguments(bench_kinds.add_parser("seed", help="GSM8K, MMLU, CNN/DailyMail: speed and quality"))
     return parser
 
 
@@ -34,9 +35,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
-        from .bench.speed import run_speed
+        if args.bench == "seed":
+            from .bench.seed import run_seed
 
-        run_speed(args)
+            run_seed(args)
+        else:
+            from .bench.speed import run_speed
+
+            run_speed(args)
         return 0
     if args.command == "chat":
         from .terminal import run_terminal_chat

@@ -1,0 +1,168 @@
+"""`python -m app bench seed`: the technique's claim on GSM8K, MMLU and CNN/DailyMail:
+plain target greedy vs speculative greedy on the same models, scored the standard way."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..chat.prompt import chat_prompt_ids
+from ..engine.engine import GenerationOptions, SpeculativeEngine
+from ..engine.models import load_model, pick_device
+from .data import DEFAULT_DATA_DIR
+from .tasks import TASKS, Task
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="default-target")
+    parser.add_argument("--draft", default="default-draft")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--tasks", default="gsm8k,mmlu,cnndm")
+    parser.add_argument("--limit", type=int, default=20, help="items per task")
+    parser.add_argument("--max-new-tokens", type=int, help="answer budget (default per task: 256, 64, 128)")
+    parser.add_argument("-k", type=int, default=8)
+    parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--json", type=Path, default=Path("seed.json"), help="results (a .md table and a .png plot beside it)")
+    parser.add_argument("--resume", type=Path, help="JSONL of finished items: reused, and extended as items finish")
+
+
+def build_engine(args: argparse.Namespace) -> SpeculativeEngine:
+    device, dtype, why = pick_device()
+    print(f"device: {why}")
+    draft = load_model(args.draft, device, dtype, int8=args.draft_int8)
+    return SpeculativeEngine(load_model(args.target, device, dtype), draft)
+
+
+def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: GenerationOptions) -> dict:
+    tokenizer = engine.target.tokenizer
+    prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": task.prompt(row)}])
+    record = {"prompt_tokens": len(prompt)}
+    token_ids = {}
+    for mode, speculative in (("plain", False), ("speculative", True)):
+        start = time.perf_counter()
+        steps = list(engine.generate(prompt, GenerationOptions(**{**options.__dict__, "speculative": speculative})))
+        seconds = time.perf_counter() - start
+        token_ids[mode] = [t.id for s in steps for t in s.tokens]
+        text = tokenizer.decode(token_ids[mode], skip_special_tokens=True)
+        stats = steps[-1].stats
+        record[mode] = {"tokens": len(token_ids[mode]), "seconds": round(seconds, 3), "score": task.score(text, row),
+                        "text": text, "drafted": stats.drafted, "accepted": stats.accepted,
+                        "target_passes": stats.target_passes, "accepted_lengths": stats.accepted_lengths}
+    record["identical"] = token_ids["plain"] == token_ids["speculative"]
+    return record
+
+
+def summarize(records: list[dict]) -> dict:
+    def rate(mode: str) -> float:
+        return sum(r[mode]["tokens"] for r in records) / sum(r[mode]["seconds"] for r in records)
+
+    def quality(mode: str) -> dict:
+        keys = records[0][mode]["score"]
+        return {key: round(sum(r[mode]["score"][key] for r in records) / len(records), 4) for key in keys}
+
+    spec = [r["speculative"] for r in records]
+    drafted = sum(s["drafted"] for s in spec)
+    return {
+        "items": len(records),
+        "plain_tokens_per_s": round(rate("plain"), 3),
+        "speculative_tokens_per_s": round(rate("speculative"), 3),
+        "speedup": round(rate("speculative") / rate("plain"), 3),
+        "acceptance_rate": round(sum(s["accepted"] for s in spec) / drafted, 4) if drafted else 0.0,
+        "mean_accepted_length": round(sum(s["tokens"] for s in spec) / sum(s["target_passes"] for s in spec), 3),
+        "quality_plain": quality("plain"),
+        "quality_speculative": quality("speculative"),
+        "identical": all(r["identical"] for r in records),
+    }
+
+
+def markdown_table(summary: dict[str, dict]) -> str:
+    lines = ["| task | items | plain tok/s | speculative tok/s | speedup | acceptance | mean accepted length "
+             "| quality plain | quality speculative | identical |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for name, s in summary.items():
+        show = lambda q: ", ".join(f"{k} {v:.3f}" for k, v in q.items())
+        lines.append(f"| {name} | {s['items']} | {s['plain_tokens_per_s']:.2f} | {s['speculative_tokens_per_s']:.2f} | "
+                     f"{s['speedup']:.2f}x | {s['acceptance_rate']:.1%} | {s['mean_accepted_length']:.2f} | "
+                     f"{show(s['quality_plain'])} | {show(s['quality_speculative'])} | {str(s['identical']).lower()} |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, dict], records: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (speed, lengths) = plt.subplots(1, 2, figsize=(11, 4))
+    names = list(summary)
+    speed.bar(names, [summary[n]["speedup"] for n in names], color="#0072B2")
+    speed.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    speed.set_title("Speedup over plain target decoding")
+    speed.set_ylabel("x")
+    top = max((max(r["speculative"]["accepted_lengths"], default=0) for n in names for r in records[n]), default=0)
+    bins = [b - 0.5 for b in range(top + 2)]
+    for name, colour in zip(names, ("#0072B2", "#D55E00", "#AA3377")):
+        values = [v for r in records[name] for v in r["speculative"]["accepted_lengths"]]
+        lengths.hist(values, bins=bins, histtype="step", linewidth=2, color=colour, label=name, density=True)
+    lengths.set_title("Accepted draft tokens per step")
+    lengths.set_xlabel("accepted length")
+    lengths.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _load_resume(path: Path | None, max_new: dict[str, int]) -> dict[tuple[str, int], dict]:
+    if path is None or not path.is_file():
+        return {}
+    done = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+        if record.get("max_new_tokens") == max_new.get(record.get("task")):
+            done[(record["task"], record["index"])] = record
+    return done
+
+
+def run_seed(args: argparse.Namespace, engine: SpeculativeEngine | None = None) -> dict:
+    tasks = [TASKS[name] for name in args.tasks.split(",") if name]
+    max_new = {t.name: args.max_new_tokens or t.max_new_tokens for t in tasks}
+    rows = {t.name: t.rows(args.data_dir, args.limit) for t in tasks}
+    done = _load_resume(args.resume, max_new)
+    engine = engine or build_engine(args)
+    records: dict[str, list[dict]] = {t.name: [] for t in tasks}
+    with tqdm(total=sum(len(r) for r in rows.values()), desc="bench seed", unit="item") as bar:
+        for task in tasks:
+            options = GenerationOptions(k=args.k, adaptive=args.adaptive, max_new_tokens=max_new[task.name])
+            for index, row in enumerate(rows[task.name]):
+                record = done.get((task.name, index))
+                if record is None:
+                    bar.set_postfix_str(f"{task.name} {index + 1}")
+                    record = {"task": task.name, "index": index, "max_new_tokens": max_new[task.name],
+                              **run_item(engine, task, row, options)}
+                    if args.resume:
+                        with open(args.resume, "a", encoding="utf-8") as out:
+                            out.write(json.dumps(record) + "\n")
+                            out.flush()
+                            os.fsync(out.fileno())
+                records[task.name].append(record)
+                bar.update()
+
+    summary = {name: summarize(items) for name, items in records.items() if items}
+    result = {"config": {"target": engine.target.name, "draft": engine.draft.name, "k": args.k,
+                         "adaptive": args.adaptive, "limit": args.limit, "max_new_tokens": max_new},
+              "tasks": summary, "identical": all(s["identical"] for s in summary.values())}
+    table = markdown_table(summary)
+    print(table)
+    args.json.write_text(json.dumps(result, indent=2))
+    args.json.with_suffix(".md").write_text(table + "\n")
+    plot(summary, records, args.json.with_suffix(".png"))
+    print(f"wrote {args.json}, {args.json.with_suffix('.md')}, {args.json.with_suffix('.png')}")
+    return result

@@ -1,0 +1,76 @@
+"""bench seed: standard scoring, and an end-to-end run with resume on tiny models."""
+import json
+
+import pytest
+
+from app.bench import seed as seed_module
+from app.bench.tasks import TASKS, cnndm_score, gsm8k_score, mmlu_letter, mmlu_score
+from app.cli import build_parser
+from app.engine.engine import SpeculativeEngine
+from tests.tiny import tiny_model
+
+
+def test_gsm8k_takes_the_last_number():
+    row = {"answer": "... so 18 eggs.\n#### 1,018"}
+    assert gsm8k_score("We get 3 then 1018.", row) == {"correct": 1.0}
+    assert gsm8k_score("The answer is 1,018", row) == {"correct": 1.0}
+    assert gsm8k_score("1018 is wrong, it is 17", row) == {"correct": 0.0}
+    assert gsm8k_score("no number", row) == {"correct": 0.0}
+
+
+@pytest.mark.parametrize("output, letter", [
+    ("B. Because ...", "B"), ("The correct answer is (C).", "C"), ("Answer is d", "D"),
+    ("A good question. The answer is B", "B"), ("I think it's C here", "C"), ("none", None),
+])
+def test_mmlu_letter(output, letter):
+    assert mmlu_letter(output) == letter
+
+
+def test_mmlu_and_rouge_scores():
+    assert mmlu_score("B. yes", {"answer": 1}) == {"correct": 1.0}
+    scores = cnndm_score("the cat sat on the mat", {"highlights": "a cat sat on a mat"})
+    assert set(scores) == {"rouge1", "rouge2", "rougeL"} and 0.6 < scores["rouge1"] < 0.7
+
+
+def test_mmlu_rows_spread_over_subjects(tmp_path):
+    lines = [json.dumps({"question": "q", "subject": f"s{i // 10}", "choices": list("wxyz"), "answer": 0})
+             for i in range(100)]
+    (tmp_path / "mmlu_test.jsonl").write_text("\n".join(lines))
+    assert [r["subject"] for r in TASKS["mmlu"].rows(tmp_path, 5)] == ["s0", "s2", "s4", "s6", "s8"]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = {
+        "gsm8k_test.jsonl": [{"question": f"t{i} t2 t3", "answer": "#### 4"} for i in range(3)],
+        "mmlu_test.jsonl": [{"question": "t5", "subject": "x", "choices": ["a", "b", "c", "d"], "answer": 1}] * 3,
+        "cnndm_test80.jsonl": [{"question_id": i, "article": f"t{i} t9 t8 t7", "highlights": "t9 t8"} for i in range(3)],
+    }
+    for name, items in rows.items():
+        (folder / name).write_text("\n".join(json.dumps(r) for r in items))
+    return folder
+
+
+def test_seed_run_scores_times_and_resumes(tmp_path, data_dir, monkeypatch):
+    engine = SpeculativeEngine(tiny_model(seed=1), tiny_model(seed=2))
+    calls = []
+    original = seed_module.run_item
+    monkeypatch.setattr(seed_module, "run_item", lambda *a: calls.append(a[1].name) or original(*a))
+    out = tmp_path / "seed.json"
+    argv = ["bench", "seed", "--data-dir", str(data_dir), "--max-new-tokens", "12", "--json", str(out),
+            "--resume", str(tmp_path / "resume.jsonl")]
+    first = seed_module.run_seed(build_parser().parse_args(argv + ["--limit", "1"]), engine)
+    assert len(calls) == 3
+    # "killed" after the first item of each task: a second run reuses them and adds the rest
+    result = seed_module.run_seed(build_parser().parse_args(argv + ["--limit", "2"]), engine)
+    assert len(calls) == 6
+    assert result["identical"] and set(result["tasks"]) == {"gsm8k", "mmlu", "cnndm"}
+    for summary in result["tasks"].values():
+        assert summary["items"] == 2 and summary["speedup"] > 0 and summary["identical"]
+        assert summary["quality_plain"] == summary["quality_speculative"]
+    assert set(result["tasks"]["cnndm"]["quality_plain"]) == {"rouge1", "rouge2", "rougeL"}
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert "| gsm8k | 2 |" in out.with_suffix(".md").read_text()
+    assert first["tasks"]["gsm8k"]["items"] == 1
