@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -45,7 +46,7 @@ def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: Generati
     token_ids = {}
     for mode, speculative in (("plain", False), ("speculative", True)):
         start = time.perf_counter()
-        steps = list(engine.generate(prompt, GenerationOptions(**{**options.__dict__, "speculative": speculative})))
+        steps = list(engine.generate(prompt, replace(options, speculative=speculative)))
         seconds = time.perf_counter() - start
         token_ids[mode] = [t.id for s in steps for t in s.tokens]
         text = tokenizer.decode(token_ids[mode], skip_special_tokens=True)

@@ -77,29 +77,26 @@ def speculative_generate(
         proposer.commit(n_accepted, next_token)
         policy.update(len(draft), n_accepted)
 
-        emitted = _provenance(draft, n_accepted, next_token, target_probs)
-        finish = None
-        for i, token in enumerate(emitted):
-            if token.id in limits.stop_tokens:
-                emitted, finish = emitted[: i + 1], "stop"
-                break
+        emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
         tokens += [token.id for token in emitted]
         n_new += len(emitted)
         if finish is None and n_new >= budget:
             finish = "length" if budget == limits.max_new_tokens else "context"
-
-        stats.drafted += len(draft)
-        stats.accepted += n_accepted
-        stats.emitted += len(emitted)
-        stats.target_passes += 1
-        if len(draft):
-            stats.accepted_lengths.append(n_accepted)
+        stats.record_step(len(draft), n_accepted, len(emitted))
         yield Step(emitted, draft.tokens[n_accepted:].tolist(), stats, finish)
         if finish:
             return
 
 
 _EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
+
+
+def _until_stop(emitted: list[EmittedToken], stop_tokens: frozenset[int]) -> tuple[list[EmittedToken], str | None]:
+    """Cut after the first stop token (kept, so callers see why generation ended)."""
+    for i, token in enumerate(emitted):
+        if token.id in stop_tokens:
+            return emitted[: i + 1], "stop"
+    return emitted, None
 
 
 def _provenance(draft: Draft, n_accepted: int, next_token: int, target_probs: torch.Tensor) -> list[EmittedToken]:

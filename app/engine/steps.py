@@ -32,6 +32,14 @@ class Stats:
     prefill_seconds: float = 0.0
     accepted_lengths: list[int] = field(default_factory=list)  # accepted drafts per step
 
+    def record_step(self, n_drafted: int, n_accepted: int, n_emitted: int) -> None:
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+        self.emitted += n_emitted
+        self.target_passes += 1
+        if n_drafted:
+            self.accepted_lengths.append(n_accepted)
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
