@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, Qt
 
 from app.chat.store import ChatStore
 from app.engine.engine import ProposerKind, SpeculativeEngine
@@ -179,3 +179,15 @@ def test_closing_during_generation_keeps_the_partial_answer(qtbot, make_window, 
     saved = store.load_chat(window.conversation.id).messages
     assert [m.role for m in saved] == ["user", "assistant"]
     assert saved[-1].stats["finish"] == "interrupted" and saved[-1].tokens
+
+
+def test_added_model_with_another_vocabulary_is_flagged(qtbot, make_window, tmp_path):
+    window = make_window()
+    foreign = tiny_model(seed=3, vocab_size=64, prefix="w")
+    folder = str(tmp_path / "foreign")
+    foreign.model.save_pretrained(folder)
+    foreign.tokenizer.save_pretrained(folder)
+    window.add_model_source(folder)
+    index = window.controls.draft.findData(folder)
+    qtbot.waitUntil(lambda: window.controls.draft.itemText(index).endswith("(different vocabulary)"), timeout=20_000)
+    assert "do not share a vocabulary" in window.controls.draft.itemData(index, Qt.ToolTipRole)

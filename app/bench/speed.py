@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from ..chat.prompt import chat_prompt_ids
-from ..engine.engine import GenerationOptions, SpeculativeEngine
+from ..engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from ..engine.models import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
 from .data import DEFAULT_DATA_DIR, read_jsonl
@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adaptive draft length for ours: stops drafting when the draft is unsure (default on)")
     parser.add_argument("--hf-k", default="3,5,8", help="constant draft lengths to try for HF assisted generation")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
+    parser.add_argument("--proposer", choices=[p.value for p in ProposerKind], default="draft",
+                        help="ours: draft model, or prompt lookup (n-gram, no model)")
     parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True,
                         help="lever: dynamic int8 draft on CPU (default on; output unchanged, only the target decides)")
     parser.add_argument("--hf-same-draft", action="store_true",
@@ -112,7 +114,8 @@ def run_speed(args: argparse.Namespace) -> dict:
 
     modes: dict[str, Run] = {
         "plain": ours(engine, GenerationOptions(speculative=False)),
-        "speculative": ours(engine, GenerationOptions(k=args.k, adaptive=args.adaptive)),
+        "speculative": ours(engine, GenerationOptions(k=args.k, adaptive=args.adaptive,
+                                                      proposer=ProposerKind(args.proposer))),
     }
     if not args.no_hf:
         modes["hf_assisted_default"] = hf_assisted(target, hf_draft, None)
@@ -153,6 +156,7 @@ def run_speed(args: argparse.Namespace) -> dict:
             "target": target.name, "draft": draft.name, "hf_draft": hf_draft.name, "device": why, "dtype": str(dtype).replace("torch.", ""),
             "torch_threads": torch.get_num_threads(), "data": str(args.data), "limit": len(prompts),
             "max_new_tokens": args.max_new_tokens, "k": args.k, "adaptive": args.adaptive, "packed_linear": packed,
+            "proposer": args.proposer, "draft_int8": args.draft_int8,
         },
         "modes": summaries,
         "per_prompt": per_prompt,
