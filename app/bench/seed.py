@@ -132,12 +132,22 @@ def _load_resume(path: Path | None, max_new: dict[str, int]) -> dict[tuple[str, 
     return done
 
 
+def _warm_up(engine: SpeculativeEngine, task: Task | None, rows: dict[str, list[dict]]) -> None:
+    """The first calls allocate and would slow the first item; a few tokens in each mode first."""
+    if task is None:
+        return
+    prompt = chat_prompt_ids(engine.target.tokenizer, [{"role": "user", "content": task.prompt(rows[task.name][0])}])
+    for speculative in (False, True):
+        list(engine.generate(prompt, GenerationOptions(speculative=speculative, max_new_tokens=8)))
+
+
 def run_seed(args: argparse.Namespace, engine: SpeculativeEngine | None = None) -> dict:
     tasks = [TASKS[name] for name in args.tasks.split(",") if name]
     max_new = {t.name: args.max_new_tokens or t.max_new_tokens for t in tasks}
     rows = {t.name: t.rows(args.data_dir, args.limit) for t in tasks}
     done = _load_resume(args.resume, max_new)
     engine = engine or build_engine(args)
+    _warm_up(engine, next((task for task in tasks if rows[task.name]), None), rows)
     records: dict[str, list[dict]] = {t.name: [] for t in tasks}
     with tqdm(total=sum(len(r) for r in rows.values()), desc="bench seed", unit="item") as bar:
         for task in tasks:
