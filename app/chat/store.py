@@ -9,6 +9,7 @@ import json
 import os
 import sqlite3
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import platformdirs
@@ -56,12 +57,19 @@ class ChatStore:
     def close(self) -> None:
         self.db.close()
 
-    def _write(self, sql: str, args: tuple) -> int:
+    @contextmanager
+    def _transaction(self, what: str):
+        """One transaction, all or nothing; a failure (disk full, read-only) becomes a StoreError."""
         try:
-            with self.db:  # one transaction: all or nothing
-                return self.db.execute(sql, args).lastrowid
+            with self.db:
+                yield self.db
         except sqlite3.OperationalError as error:
-            raise StoreError(f"Could not save to {self.path}: {error}. Nothing already saved was lost.") from error
+            raise StoreError(f"Could not save {what} to {self.path}: {error}. "
+                             "What is on screen stays; earlier messages are safe.") from error
+
+    def _write(self, sql: str, args: tuple) -> int:
+        with self._transaction("the change") as db:
+            return db.execute(sql, args).lastrowid
 
     def create_chat(self, conversation: Conversation) -> None:
         conversation.id = self._write(
@@ -72,18 +80,13 @@ class ChatStore:
         if conversation.id is None:
             self.create_chat(conversation)
         now = time.time()
-        try:
-            with self.db:
-                message.id = self.db.execute(
-                    "INSERT INTO messages (chat_id, role, content, tokens, stats, created) VALUES (?, ?, ?, ?, ?, ?)",
-                    (conversation.id, message.role, message.content, json.dumps(message.tokens_as_dicts()),
-                     json.dumps(message.stats), message.created),
-                ).lastrowid
-                self.db.execute("UPDATE chats SET updated = ?, title = ? WHERE id = ?",
-                                (now, conversation.title, conversation.id))
-        except sqlite3.OperationalError as error:
-            raise StoreError(f"Could not save the message to {self.path}: {error}. "
-                             "It stays on screen; earlier messages are safe.") from error
+        with self._transaction("the message") as db:
+            message.id = db.execute(
+                "INSERT INTO messages (chat_id, role, content, tokens, stats, created) VALUES (?, ?, ?, ?, ?, ?)",
+                (conversation.id, message.role, message.content, json.dumps(message.tokens_as_dicts()),
+                 json.dumps(message.stats), message.created),
+            ).lastrowid
+            db.execute("UPDATE chats SET updated = ?, title = ? WHERE id = ?", (now, conversation.title, conversation.id))
         conversation.updated = now
 
     def rename_chat(self, chat_id: int, title: str) -> None:

@@ -153,10 +153,7 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     """Only the tokenizer of a source (to check a pair before loading weights)."""
     if source in default_models.DEFAULTS:
-        folder = cache_dir() / default_models.DEFAULTS[source].name
-        if (folder / "config.json").is_file():
-            return AutoTokenizer.from_pretrained(folder)
-        return load_model(source).tokenizer
+        return AutoTokenizer.from_pretrained(_prepared_default(default_models.DEFAULTS[source], lambda *_: None))
     path = Path(source).expanduser()
     try:
         if path.suffix.lower() == ".gguf":
