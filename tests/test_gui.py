@@ -1,7 +1,4 @@
 """Layer 5: the GUI with pytest-qt, offscreen, on tiny models (real engine, tiny weights)."""
-import os
-import subprocess
-import sys
 
 import pytest
 from PySide6.QtCore import QSettings, Qt

@@ -1,7 +1,6 @@
 """Persistence: reload, search, rename/delete, export, a kill mid-write, a full disk."""
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap

@@ -1,7 +1,6 @@
 """The conversation view: streamed answers, token colours, and a tooltip per token."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
 from PySide6.QtGui import QMouseEvent
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 

@@ -295,15 +295,14 @@ class MainWindow(QMainWindow):
             return
         target = self.engine.target
 
-        def job(report):
+        def job(report) -> str | None:
             try:
-                reason = vocabulary_mismatch(load_tokenizer(source), target.tokenizer, source, target.name)
+                return vocabulary_mismatch(load_tokenizer(source), target.tokenizer, source, target.name)
             except ModelError as error:
-                reason = str(error)
-            return ("vocabulary", source, reason)
+                return str(error)
 
         checker = Loader(self)
-        checker.loaded.connect(lambda result: result[2] and self.controls.mark_draft_incompatible(result[1], result[2]))
+        checker.loaded.connect(lambda reason: reason and self.controls.mark_draft_incompatible(source, reason))
         checker.run(job)
 
     # ---- chats --------------------------------------------------------------------------
@@ -407,8 +406,6 @@ class MainWindow(QMainWindow):
         return answers[-1] if answers else None
 
     def _start(self, prompt_messages: list[dict], options: GenerationOptions, comparing: bool) -> None:
-        if options.speculative and options.proposer is ProposerKind.DRAFT_MODEL and self.engine.draft is None:
-            options = replace(options, proposer=ProposerKind.PROMPT_LOOKUP)
         self.comparing = comparing
         if not comparing:
             self.last_options = options
