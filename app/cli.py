@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .options import DEFAULTS, add_engine_arguments
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specchat", description="Local chat with speculative decoding.")
@@ -15,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dark", action="store_true", help="dark theme for --screenshot")
     commands = parser.add_subparsers(dest="command")
     chat = commands.add_parser("chat", help="chat in the terminal")
-    add_model_arguments(chat)
+    add_engine_arguments(chat)
+    chat.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
     bench = commands.add_parser("bench", help="headless benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     from .bench import seed, speed
@@ -23,13 +26,6 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
     seed.add_arguments(bench_kinds.add_parser("seed", help="GSM8K, MMLU, CNN/DailyMail: speed and quality"))
     return parser
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="default-target", help="target model (folder, .gguf, hub id)")
-    parser.add_argument("--draft", default="default-draft", help="draft model (folder, .gguf, hub id)")
-    parser.add_argument("-k", type=int, default=4, help="draft length")
-    parser.add_argument("--max-new-tokens", type=int, default=512)
 
 
 def main(argv: list[str] | None = None) -> int:

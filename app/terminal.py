@@ -7,10 +7,11 @@ import time
 
 from .chat.detokenize import IncrementalDecoder
 from .chat.prompt import chat_prompt_ids
-from .engine.engine import GenerationOptions, SpeculativeEngine
+from .engine.engine import SpeculativeEngine
 from .engine.errors import ModelError, PromptTooLongError
 from .engine.models import load_model, pick_device
 from .engine.steps import Source
+from .options import generation_options
 
 # Okabe-Ito-like colours that stay apart for colour-blind readers.
 ANSI = {Source.ACCEPTED: "\033[38;5;39m", Source.CORRECTED: "\033[38;5;208m", Source.BONUS: "\033[38;5;178m",
@@ -24,7 +25,7 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     progress = lambda stage, fraction: print(
         f"  {stage}" + (f" {fraction:.0%}" if fraction is not None else ""), file=sys.stderr, flush=True)
     try:
-        draft = load_model(args.draft, device, dtype, progress, int8=True)
+        draft = load_model(args.draft, device, dtype, progress, int8=args.draft_int8)
         target = load_model(args.target, device, dtype, progress)
         engine = SpeculativeEngine(target, draft)
     except ModelError as error:
@@ -34,7 +35,7 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     legend = " ".join(f"{ANSI[s]}{s.value}{RESET}" for s in Source) if colour else ""
     print(f"Ready. Empty line or Ctrl-D quits. {legend}", file=sys.stderr)
     messages: list[dict[str, str]] = []
-    options = GenerationOptions(k=args.k, max_new_tokens=args.max_new_tokens)
+    options = generation_options(args, max_new_tokens=args.max_new_tokens)
     while True:
         try:
             user = input("> " if sys.stdin.isatty() else "")

@@ -14,20 +14,17 @@ from tqdm import tqdm
 from ..chat.prompt import chat_prompt_ids
 from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.models import load_model, pick_device
+from ..options import add_engine_arguments, generation_options
 from .data import DEFAULT_DATA_DIR
 from .tasks import TASKS, Task
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="default-target")
-    parser.add_argument("--draft", default="default-draft")
+    add_engine_arguments(parser)
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--tasks", default="gsm8k,mmlu,cnndm")
     parser.add_argument("--limit", type=int, default=20, help="items per task")
     parser.add_argument("--max-new-tokens", type=int, help="answer budget (default per task: 256, 64, 128)")
-    parser.add_argument("-k", type=int, default=8)
-    parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--json", type=Path, default=Path("seed.json"), help="results (a .md table and a .png plot beside it)")
     parser.add_argument("--resume", type=Path, help="JSONL of finished items: reused, and extended as items finish")
 
@@ -151,7 +148,7 @@ def run_seed(args: argparse.Namespace, engine: SpeculativeEngine | None = None) 
     records: dict[str, list[dict]] = {t.name: [] for t in tasks}
     with tqdm(total=sum(len(r) for r in rows.values()), desc="bench seed", unit="item") as bar:
         for task in tasks:
-            options = GenerationOptions(k=args.k, adaptive=args.adaptive, max_new_tokens=max_new[task.name])
+            options = generation_options(args, max_new_tokens=max_new[task.name])
             for index, row in enumerate(rows[task.name]):
                 record = done.get((task.name, index))
                 if record is None:

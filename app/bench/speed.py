@@ -14,9 +14,10 @@ import torch
 from tqdm import tqdm
 
 from ..chat.prompt import chat_prompt_ids
-from ..engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
+from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.models import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
+from ..options import add_engine_arguments, generation_options
 from .data import DEFAULT_DATA_DIR, read_jsonl
 
 Run = Callable[[list[int], int], tuple[list[int], Stats | None]]  # (prompt, max new tokens)
@@ -46,21 +47,13 @@ class ModeTotals:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="default-target", help="target model (folder, .gguf, hub id)")
-    parser.add_argument("--draft", default="default-draft", help="draft model (folder, .gguf, hub id)")
+    add_engine_arguments(parser)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR / "gsm8k_test.jsonl",
                         help="JSONL file with a 'question' field (default: GSM8K test)")
     parser.add_argument("--limit", type=int, default=3, help="number of prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("-k", type=int, default=8, help="draft length of ours (the starting length when adaptive)")
-    parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
-                        help="adaptive draft length for ours: stops drafting when the draft is unsure (default on)")
     parser.add_argument("--hf-k", default="3,5,8", help="constant draft lengths to try for HF assisted generation")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
-    parser.add_argument("--proposer", choices=[p.value for p in ProposerKind], default="draft",
-                        help="ours: draft model, or prompt lookup (n-gram, no model)")
-    parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True,
-                        help="lever: dynamic int8 draft on CPU (default on; output unchanged, only the target decides)")
     parser.add_argument("--hf-same-draft", action="store_true",
                         help="give HF assisted generation our (int8) draft too, instead of the usual fp32 draft")
     parser.add_argument("--no-packed-linear", action="store_true",
@@ -113,9 +106,8 @@ def run_speed(args: argparse.Namespace) -> dict:
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": row["question"]}]) for row in rows]
 
     modes: dict[str, Run] = {
-        "plain": ours(engine, GenerationOptions(speculative=False)),
-        "speculative": ours(engine, GenerationOptions(k=args.k, adaptive=args.adaptive,
-                                                      proposer=ProposerKind(args.proposer))),
+        "plain": ours(engine, generation_options(args, speculative=False)),
+        "speculative": ours(engine, generation_options(args, speculative=True)),
     }
     if not args.no_hf:
         modes["hf_assisted_default"] = hf_assisted(target, hf_draft, None)

@@ -27,13 +27,16 @@ class ProposerKind(str, Enum):
 
 @dataclass(frozen=True)
 class GenerationOptions:
+    """The one set of generation defaults: the window, the terminal chat and both benchmarks
+    start from `GenerationOptions()` (tests/test_defaults.py checks that they do)."""
+
     speculative: bool = True
     proposer: ProposerKind = ProposerKind.DRAFT_MODEL
-    k: int = 4
-    adaptive: bool = False
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    k: int = 8  # the starting length when adaptive
+    adaptive: bool = True
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy
     seed: int = 0
-    max_new_tokens: int = 256
+    max_new_tokens: int = 512
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= 64:

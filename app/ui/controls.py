@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
 
 from ..engine.engine import GenerationOptions, ProposerKind
 from ..engine.sampling import SamplingParams
+from ..options import DEFAULTS, LOAD_DEFAULTS
 
 DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
 DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]
@@ -33,7 +34,7 @@ class ControlsPanel(QWidget):
         self.add_model = QPushButton("Add model...")
         self.add_model.setToolTip("A Hugging Face model folder, a .gguf file, or a hub id in the local cache")
         self.draft_int8 = QCheckBox("Draft in int8 (CPU)")
-        self.draft_int8.setChecked(True)
+        self.draft_int8.setChecked(LOAD_DEFAULTS.draft_int8)
         self.draft_int8.setToolTip("Dynamic int8 quantization makes the draft about 3x faster on CPU.\n"
                                    "The answer does not change: only the target decides what is emitted.")
         self.device = QLabel(device_text)
@@ -48,11 +49,12 @@ class ControlsPanel(QWidget):
         speculation = QGroupBox("Speculation")
         form = QFormLayout(speculation)
         self.speculative = QCheckBox("Speculative decoding")
-        self.speculative.setChecked(True)
+        self.speculative.setChecked(DEFAULTS.speculative)
         self.k = QSpinBox()
         self.k.setRange(1, 16)
-        self.k.setValue(8)
+        self.k.setValue(DEFAULTS.k)
         self.adaptive = QCheckBox("Adaptive k")
+        self.adaptive.setChecked(DEFAULTS.adaptive)
         self.adaptive.setToolTip("Starts at k, lengthens after full acceptance, shortens after early rejection,\n"
                                  "and stops drafting when the draft's confidence falls below 0.5")
         self.proposer = QComboBox()
@@ -69,16 +71,18 @@ class ControlsPanel(QWidget):
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.1)
+        self.temperature.setValue(DEFAULTS.sampling.temperature)
         self.temperature.setToolTip("0 = greedy: the answer is exactly the target's, token for token")
         self.top_p = QDoubleSpinBox()
         self.top_p.setRange(0.05, 1.0)
         self.top_p.setSingleStep(0.05)
-        self.top_p.setValue(1.0)
+        self.top_p.setValue(DEFAULTS.sampling.top_p)
         self.max_new_tokens = QSpinBox()
         self.max_new_tokens.setRange(1, 8192)
-        self.max_new_tokens.setValue(512)
+        self.max_new_tokens.setValue(DEFAULTS.max_new_tokens)
         self.seed = QSpinBox()
         self.seed.setRange(0, 2**31 - 1)
+        self.seed.setValue(DEFAULTS.seed)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
         form.addRow("Max new tokens", self.max_new_tokens)

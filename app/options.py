@@ -1,0 +1,52 @@
+"""Command-line flags for the engine, shared by the terminal chat and both benchmarks, so every
+entry point starts from the same defaults (`GenerationOptions()` and `LoadOptions()`)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+
+from .engine.engine import GenerationOptions, ProposerKind
+from .engine.sampling import SamplingParams
+
+DEFAULTS = GenerationOptions()
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    target: str = "default-target"
+    draft: str = "default-draft"
+    draft_int8: bool = True  # a cheaper draft never changes the answer: only the target decides
+
+
+LOAD_DEFAULTS = LoadOptions()
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default=LOAD_DEFAULTS.target, help="target model (folder, .gguf, hub id)")
+    parser.add_argument("--draft", default=LOAD_DEFAULTS.draft, help="draft model (folder, .gguf, hub id)")
+    parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=LOAD_DEFAULTS.draft_int8,
+                        help="int8 draft on CPU (output unchanged: only the target decides)")
+    parser.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=DEFAULTS.speculative,
+                        help="speculative decoding (off: plain target decoding)")
+    parser.add_argument("-k", type=int, default=DEFAULTS.k, help="draft length (the starting length when adaptive)")
+    parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=DEFAULTS.adaptive,
+                        help="adaptive draft length: stops drafting when the draft is unsure")
+    parser.add_argument("--proposer", choices=[p.value for p in ProposerKind], default=DEFAULTS.proposer.value,
+                        help="draft model, or prompt lookup (n-gram, no model)")
+    parser.add_argument("--temperature", type=float, default=DEFAULTS.sampling.temperature,
+                        help="0 = greedy (exactly the target's own output)")
+    parser.add_argument("--top-p", type=float, default=DEFAULTS.sampling.top_p)
+    parser.add_argument("--seed", type=int, default=DEFAULTS.seed)
+
+
+def load_options(args: argparse.Namespace) -> LoadOptions:
+    return LoadOptions(target=args.target, draft=args.draft, draft_int8=args.draft_int8)
+
+
+def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptions:
+    """The flags as options; `max_new_tokens` comes from the caller (benchmarks set their own budgets)."""
+    options = GenerationOptions(
+        speculative=args.speculative, proposer=ProposerKind(args.proposer), k=args.k, adaptive=args.adaptive,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p), seed=args.seed,
+    )
+    return replace(options, **overrides)

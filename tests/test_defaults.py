@@ -1,0 +1,39 @@
+"""Every entry point starts from the same generation defaults (issue 7)."""
+from app.cli import build_parser
+from app.engine.engine import GenerationOptions
+from app.options import DEFAULTS, LOAD_DEFAULTS, generation_options, load_options
+
+
+def parsed(*argv: str):
+    return build_parser().parse_args(list(argv))
+
+
+def test_defaults_are_the_adaptive_engine_the_readme_measures():
+    # The figures in the README come from adaptive k starting at 8 with an int8 draft.
+    assert DEFAULTS == GenerationOptions()
+    assert (DEFAULTS.k, DEFAULTS.adaptive, DEFAULTS.speculative) == (8, True, True)
+    assert LOAD_DEFAULTS.draft_int8
+
+
+def test_terminal_chat_and_benchmarks_parse_to_the_defaults():
+    for argv in (["chat"], ["bench", "speed"], ["bench", "seed"]):
+        args = parsed(*argv)
+        budget = args.max_new_tokens if argv == ["chat"] else DEFAULTS.max_new_tokens
+        assert generation_options(args, max_new_tokens=budget) == DEFAULTS, argv
+        assert load_options(args) == LOAD_DEFAULTS, argv
+    assert parsed("chat").max_new_tokens == DEFAULTS.max_new_tokens
+
+
+def test_window_controls_start_from_the_defaults(qtbot):
+    from app.ui.controls import ControlsPanel
+
+    panel = ControlsPanel("CPU")
+    qtbot.addWidget(panel)
+    assert panel.generation_options() == DEFAULTS
+    assert panel.draft_int8.isChecked() == LOAD_DEFAULTS.draft_int8
+
+
+def test_flags_change_what_they_name():
+    args = parsed("bench", "speed", "-k", "3", "--no-adaptive", "--proposer", "lookup", "--temperature", "0.7")
+    options = generation_options(args)
+    assert (options.k, options.adaptive, options.proposer.value, options.sampling.temperature) == (3, False, "lookup", 0.7)
