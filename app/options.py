@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, replace
 
 from .engine.engine import GenerationOptions, ProposerKind
+from .engine.models import Precision
 from .engine.sampling import SamplingParams
 
 DEFAULTS = GenerationOptions()
@@ -15,7 +16,8 @@ DEFAULTS = GenerationOptions()
 class LoadOptions:
     target: str = "default-target"
     draft: str = "default-draft"
-    draft_int8: bool = True  # a cheaper draft never changes the answer: only the target decides
+    precision: Precision = Precision.LOWBIT  # the target runs from the GGUF's own low-bit blocks
+    draft_precision: Precision = Precision.BITS4  # a cheaper draft never changes the answer
 
 
 LOAD_DEFAULTS = LoadOptions()
@@ -24,8 +26,11 @@ LOAD_DEFAULTS = LoadOptions()
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=LOAD_DEFAULTS.target, help="target model (folder, .gguf, hub id)")
     parser.add_argument("--draft", default=LOAD_DEFAULTS.draft, help="draft model (folder, .gguf, hub id)")
-    parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=LOAD_DEFAULTS.draft_int8,
-                        help="int8 draft on CPU (output unchanged: only the target decides)")
+    choices = [p.value for p in Precision]
+    parser.add_argument("--precision", choices=choices, default=LOAD_DEFAULTS.precision.value,
+                        help="target weights on CPU: lowbit = the GGUF's own blocks, fp32 = dequantized reference")
+    parser.add_argument("--draft-precision", choices=choices, default=LOAD_DEFAULTS.draft_precision.value,
+                        help="draft weights on CPU (output unchanged: only the target decides)")
     parser.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=DEFAULTS.speculative,
                         help="speculative decoding (off: plain target decoding)")
     parser.add_argument("-k", type=int, default=DEFAULTS.k, help="draft length (the starting length when adaptive)")
@@ -40,7 +45,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
-    return LoadOptions(target=args.target, draft=args.draft, draft_int8=args.draft_int8)
+    return LoadOptions(target=args.target, draft=args.draft, precision=Precision(args.precision),
+                       draft_precision=Precision(args.draft_precision))
 
 
 def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptions:

@@ -25,15 +25,16 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     progress = lambda stage, fraction: print(
         f"  {stage}" + (f" {fraction:.0%}" if fraction is not None else ""), file=sys.stderr, flush=True)
     try:
-        draft = load_model(args.draft, device, dtype, progress, int8=args.draft_int8)
-        target = load_model(args.target, device, dtype, progress)
+        draft = load_model(args.draft, device, dtype, progress, precision=args.draft_precision)
+        target = load_model(args.target, device, dtype, progress, precision=args.precision)
         engine = SpeculativeEngine(target, draft)
     except ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     colour = sys.stdout.isatty()
     legend = " ".join(f"{ANSI[s]}{s.value}{RESET}" for s in Source) if colour else ""
-    print(f"Ready. Empty line or Ctrl-D quits. {legend}", file=sys.stderr)
+    print(f"Ready ({target.name}: {target.precision}; draft {draft.name}: {draft.precision}). "
+          f"Empty line or Ctrl-D quits. {legend}", file=sys.stderr)
     messages: list[dict[str, str]] = []
     options = generation_options(args, max_new_tokens=args.max_new_tokens)
     while True:

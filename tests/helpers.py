@@ -1,9 +1,14 @@
 from app.engine.engine import GenerationOptions, SpeculativeEngine
 
 
-def generated_ids(engine: SpeculativeEngine, prompt: list[int], **options) -> list[int]:
-    return [token.id for step in engine.generate(prompt, GenerationOptions(**options)) for token in step.tokens]
+def options(**overrides) -> GenerationOptions:
+    """Tests that name a k mean a fixed k unless they ask for adaptive."""
+    return GenerationOptions(**{"adaptive": False, **overrides})
 
 
-def all_steps(engine: SpeculativeEngine, prompt: list[int], **options):
-    return list(engine.generate(prompt, GenerationOptions(**options)))
+def generated_ids(engine: SpeculativeEngine, prompt: list[int], **overrides) -> list[int]:
+    return [token.id for step in engine.generate(prompt, options(**overrides)) for token in step.tokens]
+
+
+def all_steps(engine: SpeculativeEngine, prompt: list[int], **overrides):
+    return list(engine.generate(prompt, options(**overrides)))

@@ -9,10 +9,10 @@ def parsed(*argv: str):
 
 
 def test_defaults_are_the_adaptive_engine_the_readme_measures():
-    # The figures in the README come from adaptive k starting at 8 with an int8 draft.
+    # The figures in the README come from adaptive k starting at 8, a low-bit target and a 4-bit draft.
     assert DEFAULTS == GenerationOptions()
     assert (DEFAULTS.k, DEFAULTS.adaptive, DEFAULTS.speculative) == (8, True, True)
-    assert LOAD_DEFAULTS.draft_int8
+    assert (LOAD_DEFAULTS.precision.value, LOAD_DEFAULTS.draft_precision.value) == ("lowbit", "4bit")
 
 
 def test_terminal_chat_and_benchmarks_parse_to_the_defaults():
@@ -30,7 +30,7 @@ def test_window_controls_start_from_the_defaults(qtbot):
     panel = ControlsPanel("CPU")
     qtbot.addWidget(panel)
     assert panel.generation_options() == DEFAULTS
-    assert panel.draft_int8.isChecked() == LOAD_DEFAULTS.draft_int8
+    assert panel.load_options() == LOAD_DEFAULTS
 
 
 def test_flags_change_what_they_name():

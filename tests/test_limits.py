@@ -27,7 +27,7 @@ def test_cancel_stops_at_next_step(tiny_target, tiny_draft):
     engine = SpeculativeEngine(tiny_target, tiny_draft)
     cancel = threading.Event()
     steps = []
-    for step in engine.generate(PROMPT, GenerationOptions(k=3, max_new_tokens=100), cancel):
+    for step in engine.generate(PROMPT, GenerationOptions(k=3, adaptive=False, max_new_tokens=100), cancel):
         steps.append(step)
         if len(steps) == 2:
             cancel.set()

@@ -7,7 +7,7 @@ import pytest
 from app.engine import default_models
 from app.engine.engine import GenerationOptions, SpeculativeEngine
 from app.engine.errors import ModelError
-from app.engine.models import check_compatible, load_model
+from app.engine.models import Precision, check_compatible, load_model
 from tests.helpers import generated_ids
 from tests.tiny import tiny_model
 
@@ -15,7 +15,7 @@ from tests.tiny import tiny_model
 def test_model_folder_loads_through_load_model(tmp_path, tiny_target):
     tiny_target.model.save_pretrained(tmp_path / "m")
     tiny_target.tokenizer.save_pretrained(tmp_path / "m")
-    loaded = load_model(str(tmp_path / "m"))
+    loaded = load_model(str(tmp_path / "m"), precision=Precision.FP32)
     prompt = [1, 2, 3]
     assert generated_ids(SpeculativeEngine(loaded), prompt, speculative=False, max_new_tokens=8) == generated_ids(
         SpeculativeEngine(tiny_target), prompt, speculative=False, max_new_tokens=8
@@ -93,12 +93,12 @@ def test_missing_part_package_is_named(fake_parts):
 def test_int8_draft_is_smaller_and_keeps_the_target_output(tmp_path, tiny_target):
     tiny_target.model.save_pretrained(tmp_path / "m")
     tiny_target.tokenizer.save_pretrained(tmp_path / "m")
-    full = load_model(str(tmp_path / "m"))
-    quantized = load_model(str(tmp_path / "m"), int8=True)
+    full = load_model(str(tmp_path / "m"), precision=Precision.FP32)
+    quantized = load_model(str(tmp_path / "m"), precision=Precision.INT8)
     assert quantized.name.endswith("(int8)")
     assert quantized.memory_bytes < 0.6 * full.memory_bytes
     prompt = [4, 5, 6]
     plain = generated_ids(SpeculativeEngine(full), prompt, speculative=False, max_new_tokens=32)
-    steps = list(SpeculativeEngine(full, quantized).generate(prompt, GenerationOptions(k=4, max_new_tokens=32)))
+    steps = list(SpeculativeEngine(full, quantized).generate(prompt, GenerationOptions(k=4, adaptive=False, max_new_tokens=32)))
     assert [t.id for s in steps for t in s.tokens] == plain
     assert steps[-1].stats.accepted > 0  # an approximate copy of the target still drafts well

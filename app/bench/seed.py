@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_engine(args: argparse.Namespace) -> SpeculativeEngine:
     device, dtype, why = pick_device()
     print(f"device: {why}")
-    draft = load_model(args.draft, device, dtype, int8=args.draft_int8)
-    return SpeculativeEngine(load_model(args.target, device, dtype), draft)
+    draft = load_model(args.draft, device, dtype, precision=args.draft_precision)
+    return SpeculativeEngine(load_model(args.target, device, dtype, precision=args.precision), draft)
 
 
 def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: GenerationOptions) -> dict:
@@ -164,7 +164,8 @@ def run_seed(args: argparse.Namespace, engine: SpeculativeEngine | None = None) 
                 bar.update()
 
     summary = {name: summarize(items) for name, items in records.items() if items}
-    result = {"config": {"target": engine.target.name, "draft": engine.draft.name, "k": args.k,
+    result = {"config": {"target": engine.target.name, "draft": engine.draft.name, "precision": engine.target.precision,
+                         "draft_precision": engine.draft.precision, "k": args.k,
                          "adaptive": args.adaptive, "limit": args.limit, "max_new_tokens": max_new},
               "tasks": summary, "identical": all(s["identical"] for s in summary.values())}
     table = markdown_table(summary)

@@ -1,8 +1,14 @@
 """Loading models from any source through one function, and checking a draft/target pair.
 
 Sources: "default-draft" / "default-target" (the packaged GGUF pair), a Hugging Face model
-folder, a .gguf file, or a hub id already in the local Hugging Face cache. GGUF weights are
-dequantized once and cached as safetensors under the user cache directory.
+folder, a .gguf file, or a hub id already in the local Hugging Face cache.
+
+Precision on CPU (`Precision`): a GGUF runs from its own low-bit blocks (`lowbit`, the default),
+repacked once into the kernel's layout and cached; `4bit` re-quantizes every matrix to 4 bits (a
+cheaper draft: only the target decides what is emitted); `fp32` dequantizes to float32 (the
+reference; cached as safetensors); `int8` is fp32 with dynamically quantized int8 linears. A model
+folder in fp16/bf16/fp32 is quantized on load to 8 bits (`lowbit`) or 4 bits (`4bit`). On CUDA
+every model runs in bfloat16.
 """
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import platformdirs
@@ -20,8 +27,23 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from . import default_models
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import ModelError
+from .lowbit import store as lowbit_store
+from .lowbit.kernel import why_not_native
+from .lowbit.loader import load_gguf_lowbit
+from .lowbit.modules import quantize_model
 
 Progress = Callable[[str, float | None], None]  # (stage, fraction done or None when unknown)
+
+
+class Precision(str, Enum):
+    LOWBIT = "lowbit"  # the GGUF's own blocks (4-8 bits); float folders: 8 bits
+    BITS4 = "4bit"  # every weight matrix re-quantized to 4 bits
+    FP32 = "fp32"  # dequantized float32: the reference
+    INT8 = "int8"  # float32 with dynamically quantized int8 linears (torch.ao)
+
+    @property
+    def low_bit(self) -> bool:
+        return self in (Precision.LOWBIT, Precision.BITS4)
 
 
 @dataclass
@@ -29,6 +51,7 @@ class LoadedModel:
     name: str
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
+    precision: str = "fp32"  # what runs, in words for the UI and the benchmarks
 
     @property
     def context_length(self) -> int:
@@ -63,19 +86,23 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: Progress | None = None,
+    precision: Precision | str = Precision.LOWBIT,
     packed_linear: bool = True,
-    int8: bool = False,
 ) -> LoadedModel:
-    """packed_linear: on CPU in float32, run linear layers through pre-packed oneDNN weights
-    (same precision, about twice as fast at decoding batch sizes).
-    int8: on CPU, dynamic int8 quantization of the linear layers (about 3x faster again, but
-    approximate): meant for draft models, whose precision never changes what is emitted."""
+    """precision: see the module's notes; ignored on CUDA (bfloat16).
+    packed_linear: fp32 on CPU runs its linears through pre-packed oneDNN weights (same
+    precision, about twice as fast at decoding batch sizes)."""
     report = progress or (lambda stage, fraction: None)
+    precision = Precision(precision)
+    on_cpu = torch.device(device).type == "cpu"
+    packaged = default_models.DEFAULTS.get(source)
+    name = packaged.name if packaged else Path(source).name or source
     try:
-        if source in default_models.DEFAULTS:
-            folder, name = _prepared_default(default_models.DEFAULTS[source], report), default_models.DEFAULTS[source].name
-        else:
-            folder, name = _prepared_source(source, report), Path(source).name or source
+        if on_cpu and precision.low_bit:
+            model, tokenizer = _load_low_bit(source, packaged, precision, report)
+            kernel_note = "" if why_not_native() is None else f", slow path: {why_not_native()}"
+            return LoadedModel(name, model, tokenizer, f"{precision.value}{kernel_note}")
+        folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **_local_only(folder))
         tokenizer = AutoTokenizer.from_pretrained(folder, **_local_only(folder))
@@ -84,13 +111,51 @@ def load_model(
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise ModelError(f"Cannot load model '{source}': {error}") from error
     model.to(device).eval()
-    on_cpu = torch.device(device).type == "cpu"
-    if int8 and on_cpu:
-        model = quantize_linears_int8(model)
-        name += " (int8)"
-    elif packed_linear and on_cpu and dtype == torch.float32:
+    if not on_cpu:
+        return LoadedModel(name, model, tokenizer, str(dtype).replace("torch.", ""))
+    if precision is Precision.INT8:
+        return LoadedModel(f"{name} (int8)", quantize_linears_int8(model), tokenizer, "int8")
+    if packed_linear and dtype == torch.float32:
         pack_linears(model)
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer)
+    return LoadedModel(name, model, tokenizer, "fp32")
+
+
+def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, precision: Precision,
+                  report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    bits = 4 if precision is Precision.BITS4 else None
+    path = Path(source).expanduser()
+    if packaged is None and path.suffix.lower() != ".gguf":  # a float model folder or hub id
+        folder = _prepared_source(source, report)
+        report(f"Quantizing {path.name or source} to {bits or 8} bits", None)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **_local_only(folder))
+        return quantize_model(model.eval(), bits or 8), AutoTokenizer.from_pretrained(folder, **_local_only(folder))
+    if packaged is not None:
+        folder = cache_dir() / f"{packaged.name}-{precision.value}"
+    else:
+        if not path.is_file():
+            raise ModelError(f"GGUF file not found: {path}")
+        folder = cache_dir() / f"{path.stem}-{_file_key(path)}-{precision.value}"
+    if not lowbit_store.is_complete(folder):
+        gguf_path = default_models.assemble(
+            packaged, cache_dir() / f"{packaged.name}.gguf", lambda stage, f: report(stage, f)
+        ) if packaged else path
+        report(f"Repacking {folder.name} (first start only)", None)
+        try:
+            model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {folder.name}", f))
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        except Exception as error:  # the gguf reader raises many kinds on a damaged file
+            raise ModelError(f"Cannot read GGUF file {gguf_path}: {error}") from error
+        lowbit_store.save(model, tokenizer, folder)
+        if packaged:
+            gguf_path.unlink()  # the parts can rebuild it; the cache keeps only the repacked tensors
+        return model, tokenizer
+    report(f"Loading {folder.name}", None)
+    return lowbit_store.load(folder)
+
+
+def _file_key(path: Path) -> str:
+    stat = path.stat()
+    return hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
 def _local_only(folder: str | Path) -> dict:
@@ -102,9 +167,7 @@ def _prepared_source(source: str, report: Progress) -> str | Path:
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
-        stat = path.stat()
-        key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-        return _dequantized(path, cache_dir() / f"{path.stem}-{key}", path.stem, report)
+        return _dequantized(path, cache_dir() / f"{path.stem}-{_file_key(path)}", path.stem, report)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not a Hugging Face model folder (no config.json)")
@@ -153,7 +216,12 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     """Only the tokenizer of a source (to check a pair before loading weights)."""
     if source in default_models.DEFAULTS:
-        return AutoTokenizer.from_pretrained(_prepared_default(default_models.DEFAULTS[source], lambda *_: None))
+        name = default_models.DEFAULTS[source].name
+        prepared = [cache_dir() / f"{name}-{p.value}" for p in Precision if p.low_bit] + [cache_dir() / name]
+        for folder in prepared:
+            if (folder / "tokenizer_config.json").is_file():
+                return AutoTokenizer.from_pretrained(folder)
+        return load_model(source).tokenizer  # prepares the default model once
     path = Path(source).expanduser()
     try:
         if path.suffix.lower() == ".gguf":

@@ -7,12 +7,15 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from ..engine.engine import GenerationOptions, ProposerKind
+from ..engine.models import Precision
 from ..engine.sampling import SamplingParams
-from ..options import DEFAULTS, LOAD_DEFAULTS
+from ..options import DEFAULTS, LOAD_DEFAULTS, LoadOptions
 
 DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
 DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]
 INCOMPATIBLE = "  (different vocabulary)"
+PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.BITS4: "4-bit",
+                    Precision.FP32: "fp32 (reference)", Precision.INT8: "fp32 + dynamic int8"}
 
 
 class ControlsPanel(QWidget):
@@ -33,15 +36,22 @@ class ControlsPanel(QWidget):
             self.draft.addItem(label, source)
         self.add_model = QPushButton("Add model...")
         self.add_model.setToolTip("A Hugging Face model folder, a .gguf file, or a hub id in the local cache")
-        self.draft_int8 = QCheckBox("Draft in int8 (CPU)")
-        self.draft_int8.setChecked(LOAD_DEFAULTS.draft_int8)
-        self.draft_int8.setToolTip("Dynamic int8 quantization makes the draft about 3x faster on CPU.\n"
-                                   "The answer does not change: only the target decides what is emitted.")
+        self.precision = QComboBox()
+        self.draft_precision = QComboBox()
+        for combo, default in ((self.precision, LOAD_DEFAULTS.precision), (self.draft_precision, LOAD_DEFAULTS.draft_precision)):
+            for precision in Precision:
+                combo.addItem(PRECISION_LABELS[precision], precision.value)
+            combo.setCurrentIndex(combo.findData(default.value))
+        self.precision.setToolTip("CPU weights of the target. Low-bit runs the GGUF's own 4-8 bit blocks (fast, small);\n"
+                                  "fp32 is the dequantized reference. CUDA always runs bfloat16.")
+        self.draft_precision.setToolTip("CPU weights of the draft. A cheaper draft never changes the answer:\n"
+                                        "only the target decides what is emitted.")
         self.device = QLabel(device_text)
         self.device.setWordWrap(True)
         form.addRow("Target", self.target)
         form.addRow("Draft", self.draft)
-        form.addRow("", self.draft_int8)
+        form.addRow("Target precision", self.precision)
+        form.addRow("Draft precision", self.draft_precision)
         form.addRow("", self.add_model)
         form.addRow("Device", self.device)
         layout.addWidget(models)
@@ -92,7 +102,8 @@ class ControlsPanel(QWidget):
 
         self.target.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.draft.currentIndexChanged.connect(lambda _: self.models_changed.emit())
-        self.draft_int8.toggled.connect(lambda _: self.models_changed.emit())
+        self.precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
+        self.draft_precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.add_model.clicked.connect(self.add_model_requested.emit)
         self.speculative.toggled.connect(self._update_enabled)
         self._update_enabled()
@@ -112,6 +123,11 @@ class ControlsPanel(QWidget):
             seed=self.seed.value(),
             max_new_tokens=self.max_new_tokens.value(),
         )
+
+    def load_options(self) -> LoadOptions:
+        return LoadOptions(target=self.target_source(), draft=self.draft_source(),
+                           precision=Precision(self.precision.currentData()),
+                           draft_precision=Precision(self.draft_precision.currentData()))
 
     def target_source(self) -> str:
         return self.target.currentData()

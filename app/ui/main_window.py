@@ -17,7 +17,7 @@ from ..chat.prompt import chat_prompt_ids
 from ..chat.store import ChatStore, StoreError
 from ..engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from ..engine.errors import ModelError
-from ..engine.models import LoadedModel, load_model, load_tokenizer, pick_device, vocabulary_mismatch
+from ..engine.models import LoadedModel, Precision, load_model, load_tokenizer, pick_device, vocabulary_mismatch
 from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
@@ -51,7 +51,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings("SpecChat", "SpecChat")
         self.load = load
         self.device, self.dtype, device_text = pick_device()
-        self.models: dict[tuple[str, bool], LoadedModel] = {}  # (source, int8) -> model
+        self.models: dict[tuple[str, Precision], LoadedModel] = {}  # (source, precision) -> model
         self.engine: SpeculativeEngine | None = None
         self.conversation = Conversation()
         self.builder: AnswerBuilder | None = None
@@ -181,9 +181,10 @@ class MainWindow(QMainWindow):
             combo.setCurrentIndex(max(index, 0))
             combo.blockSignals(False)
         # Unset keys keep the controls' own values, which are the shared defaults.
-        c.draft_int8.blockSignals(True)
-        c.draft_int8.setChecked(s.value("draft_int8", c.draft_int8.isChecked(), bool))
-        c.draft_int8.blockSignals(False)
+        for combo, key in ((c.precision, "precision"), (c.draft_precision, "draft_precision")):
+            combo.blockSignals(True)
+            combo.setCurrentIndex(max(combo.findData(s.value(key, combo.currentData())), 0))
+            combo.blockSignals(False)
         c.speculative.setChecked(s.value("speculative", c.speculative.isChecked(), bool))
         c.k.setValue(s.value("k", c.k.value(), int))
         c.adaptive.setChecked(s.value("adaptive", c.adaptive.isChecked(), bool))
@@ -201,7 +202,7 @@ class MainWindow(QMainWindow):
         s, c = self.settings, self.controls
         options = c.generation_options()
         for key, value in [("target", c.target_source()), ("draft", c.draft_source()),
-                           ("draft_int8", c.draft_int8.isChecked()),
+                           ("precision", c.precision.currentData()), ("draft_precision", c.draft_precision.currentData()),
                            ("speculative", options.speculative), ("k", options.k), ("adaptive", options.adaptive),
                            ("proposer", options.proposer.value), ("temperature", options.sampling.temperature),
                            ("top_p", options.sampling.top_p), ("max_new_tokens", options.max_new_tokens),
@@ -230,9 +231,9 @@ class MainWindow(QMainWindow):
 
     # ---- models ---------------------------------------------------------------------------
     def load_models(self) -> None:
-        target_source, draft_source = self.controls.target_source(), self.controls.draft_source()
-        draft_int8 = self.controls.draft_int8.isChecked()
-        target_key, draft_key = (target_source, False), (draft_source, draft_int8)
+        chosen = self.controls.load_options()
+        target_source, draft_source = chosen.target, chosen.draft
+        target_key, draft_key = (target_source, chosen.precision), (draft_source, chosen.draft_precision)
         self.engine = None
         self.set_busy(False)
         self.statusBar().showMessage(f"Loading models: {target_source} + {draft_source}...")
@@ -246,7 +247,7 @@ class MainWindow(QMainWindow):
                 del self.models[key]  # free a replaced model before loading the next
             for key in (target_key, draft_key):
                 if key not in self.models:
-                    self.models[key] = self.load(key[0], self.device, self.dtype, report, int8=key[1])
+                    self.models[key] = self.load(key[0], self.device, self.dtype, report, precision=key[1])
             try:
                 return LoadResult(SpeculativeEngine(self.models[target_key], self.models[draft_key]))
             except ModelError as error:
@@ -275,9 +276,10 @@ class MainWindow(QMainWindow):
         self.engine = result.engine
         target, draft = self.engine.target, self.engine.draft
         self.acceptance.show_memory(
-            f"target {target.memory_bytes / 2**30:.2f} GiB, draft {draft.memory_bytes / 2**30:.2f} GiB "
-            f"(+{draft.memory_bytes / target.memory_bytes:.0%})")
-        self.statusBar().showMessage(f"Ready: {target.name} with draft {draft.name}", 5000)
+            f"target {target.memory_bytes / 2**30:.2f} GiB ({target.precision}), draft "
+            f"{draft.memory_bytes / 2**30:.2f} GiB ({draft.precision}; +{draft.memory_bytes / target.memory_bytes:.0%})")
+        self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}) with draft {draft.name} "
+                                     f"({draft.precision})", 5000)
         self.set_busy(False)
         self.models_ready.emit()
 
@@ -373,7 +375,7 @@ class MainWindow(QMainWindow):
         self.send_button.setEnabled(ready and not busy)
         self.compare_button.setEnabled(ready and not busy and self._last_answer() is not None)
         self.stop_button.setEnabled(busy)
-        for widget in (self.controls.target, self.controls.draft, self.controls.draft_int8, self.controls.add_model,
+        for widget in (self.controls.target, self.controls.draft, self.controls.precision, self.controls.draft_precision, self.controls.add_model,
                        self.chat_list,
                        self.new_button, self.delete_button):
             widget.setEnabled(not busy)

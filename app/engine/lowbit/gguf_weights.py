@@ -1,0 +1,103 @@
+"""GGUF quantized blocks -> (q, scale, min) groups, without dequantizing.
+
+Every block format the default pair uses is `w = scale * q - min` per group:
+  Q4_K  4-bit q, scale = d*sc, min = dmin*m per 32   -> 4 bits, groups of 32
+  Q5_K  5-bit q, the same scales                      -> 8 bits, groups of 32
+  Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 8 bits, groups of 16
+  Q5_0  5-bit q, w = d*(q-16) per 32                  -> 8 bits, groups of 32
+  Q8_0  int8 q, w = d*q per 32                        -> 8 bits (q+128), groups of 32
+Other types (and float tensors) are dequantized and quantized to 8 bits, groups of 32.
+Scales and mins are stored as float16, which rounds a K-quant's d*sc product (<= 2^-11 relative).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import dequantize
+
+from .packing import PackedWeight, pack, quantize_float
+
+Groups = tuple[np.ndarray, np.ndarray, np.ndarray, int, int]  # q [N, K] uint8, scale, min [N, K/G], bits, G
+
+
+def _half(raw: np.ndarray) -> np.ndarray:
+    return raw.copy().view(np.float16).astype(np.float32)
+
+
+def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12 packed bytes of a Q4_K/Q5_K block -> 6-bit scales and mins [blocks, 8]."""
+    d, m, m_d = np.split(scales.reshape(-1, 3, 4), 3, axis=-2)
+    sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc.reshape(-1, 8).astype(np.float32), mn.reshape(-1, 8).astype(np.float32)
+
+
+def _q4_k(blocks: np.ndarray) -> Groups:
+    d, dmin = _half(blocks[:, 0:2]), _half(blocks[:, 2:4])
+    sc, mn = _k_scales(blocks[:, 4:16])
+    qs = blocks[:, 16:144].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (qs & 0x0F).reshape(-1, 256), d * sc, dmin * mn, 4, 32
+
+
+def _q5_k(blocks: np.ndarray) -> Groups:
+    d, dmin = _half(blocks[:, 0:2]), _half(blocks[:, 2:4])
+    sc, mn = _k_scales(blocks[:, 4:16])
+    qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    ql = blocks[:, 48:176].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    q = (ql & 0x0F).reshape(-1, 8, 32) | ((qh & 0x01) << 4)
+    return q.reshape(-1, 256), d * sc, dmin * mn, 8, 32
+
+
+def _q6_k(blocks: np.ndarray) -> Groups:
+    ql = blocks[:, 0:128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    ql = (ql & 0x0F).reshape(-1, 8, 32)
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    qh = (qh & 0x03).reshape(-1, 8, 32)
+    sc = blocks[:, 192:208].copy().view(np.int8).astype(np.float32)
+    scale = _half(blocks[:, 208:210]) * sc
+    return (ql | (qh << 4)).reshape(-1, 256), scale, 32 * scale, 8, 16
+
+
+def _q5_0(blocks: np.ndarray) -> Groups:
+    d = _half(blocks[:, 0:2])
+    qh = blocks[:, 2:6].copy().view(np.uint32).reshape(-1, 1) >> np.arange(32, dtype=np.uint32).reshape(1, 32)
+    ql = blocks[:, 6:22].reshape(-1, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
+    q = (ql & 0x0F).reshape(-1, 32) | ((qh & 0x01).astype(np.uint8) << 4)
+    return q, d, 16 * d, 8, 32
+
+
+def _q8_0(blocks: np.ndarray) -> Groups:
+    d = _half(blocks[:, 0:2])
+    q = (blocks[:, 2:34].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+    return q, d, 128 * d, 8, 32
+
+
+DECODERS = {T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.Q5_0: _q5_0, T.Q8_0: _q8_0}
+
+
+def packed_from_gguf(data: np.ndarray, qtype: T, shape: tuple[int, int], row_order: np.ndarray | None = None,
+                     requantize_bits: int | None = None) -> PackedWeight:
+    """data: the tensor's raw bytes [N, bytes per row]; shape (N, K).
+    row_order: a permutation of the output rows (some architectures reorder q/k heads).
+    requantize_bits: quantize the dequantized weight afresh instead (a draft may be cheaper)."""
+    n, k = shape
+    decoder = DECODERS.get(qtype)
+    if decoder is None or requantize_bits is not None:
+        weight = torch.from_numpy(np.ascontiguousarray(dequantize(data, qtype).reshape(n, k), dtype=np.float32))
+        if row_order is not None:
+            weight = weight[torch.from_numpy(row_order)]
+        return quantize_float(weight, requantize_bits or 8, 32)
+    blocks = np.ascontiguousarray(data).reshape(n * k // _block_size(qtype), -1)
+    q, scale, min_, bits, group = decoder(blocks)
+    q, scale, min_ = q.reshape(n, k), scale.reshape(n, k // group), min_.reshape(n, k // group)
+    if row_order is not None:
+        q, scale, min_ = q[row_order], scale[row_order], min_[row_order]
+    return pack(torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(np.ascontiguousarray(scale)),
+                torch.from_numpy(np.ascontiguousarray(min_)), bits, group)
+
+
+def _block_size(qtype: T) -> int:
+    from gguf import GGML_QUANT_SIZES
+
+    return GGML_QUANT_SIZES[qtype][0]

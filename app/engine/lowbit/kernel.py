@@ -1,0 +1,83 @@
+"""The C++ kernel, compiled on first use with torch's extension builder and cached; when it
+cannot be built (no compiler, no AVX-512 VNNI), the pure-torch reference runs instead (slow)."""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+
+import platformdirs
+import torch
+
+from .packing import PackedWeight, dequantize, reference_linear
+
+SOURCE = Path(__file__).with_name("kernel.cpp")
+# What the kernel's instructions need; -ffp-contract=off keeps each float step as written.
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-ffp-contract=off"]
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+@functools.cache
+def native():
+    """The compiled module, or None with the reason in `why_not_native()`."""
+    return _build()[0]
+
+
+def why_not_native() -> str | None:
+    return _build()[1]
+
+
+@functools.cache
+def _build():
+    if os.environ.get("SPECCHAT_NO_NATIVE_KERNEL"):
+        return None, "disabled by SPECCHAT_NO_NATIVE_KERNEL"
+    missing = {"avx512f", "avx512bw", "avx512_vnni"} - cpu_flags()
+    if missing:
+        return None, f"this CPU lacks {', '.join(sorted(missing))}"
+    from torch.utils import cpp_extension
+
+    folder = Path(os.environ.get("SPECCHAT_CACHE") or platformdirs.user_cache_dir("specchat")) / "kernels"
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        module = cpp_extension.load(
+            name="specchat_lowbit", sources=[str(SOURCE)], extra_cflags=FLAGS, build_directory=str(folder),
+            verbose=False,
+        )
+    except Exception as error:  # no compiler, no headers, no ninja: the reference path still works
+        reason = f"could not build the C++ kernel ({str(error).strip().splitlines()[-1] if str(error) else error})"
+        warnings.warn(f"SpecChat: {reason}; low-bit models run on the slow pure-torch path", stacklevel=2)
+        return None, reason
+    return module, None
+
+
+def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    """x [M, K] float32 -> [M, N] float32."""
+    module = native()
+    if module is None:
+        return reference_linear(x, weight)
+    return module.linear(x, weight.q, weight.scale, weight.min, weight.group, weight.bits)
+
+
+def rows(ids: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    """ids [n] long -> the float weight rows [n, K] (an embedding lookup)."""
+    module = native()
+    if module is None:
+        return dequantize_rows(ids, weight)
+    return module.rows(ids, weight.q, weight.scale, weight.min, weight.group, weight.bits)
+
+
+def dequantize_rows(ids: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    tiles = torch.unique(ids // 16)
+    part = PackedWeight(weight.q[tiles], weight.scale[tiles], weight.min[tiles], weight.bits, weight.group)
+    position = {int(t): i for i, t in enumerate(tiles)}
+    local = torch.tensor([position[int(i) // 16] * 16 + int(i) % 16 for i in ids.flatten()], dtype=torch.long)
+    return dequantize(part)[local]

@@ -1,0 +1,84 @@
+"""A Hugging Face model whose linear layers and embeddings run from a GGUF's own low-bit blocks:
+no float copy of the weights in memory or on disk."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import init_empty_weights
+from gguf import GGMLQuantizationType, GGUFReader, dequantize
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+from .gguf_weights import packed_from_gguf
+from .modules import LowBitEmbedding, LowBitLinear
+
+FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
+
+
+def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
+                     progress: Callable[[float], None] | None = None) -> PreTrainedModel:
+    """requantize_bits: re-quantize every weight matrix to this many bits (a cheaper draft)."""
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    processor = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=config.to_dict())
+    names = get_gguf_hf_weights_map(model, processor)  # GGUF name -> HF parameter name
+    reader = GGUFReader(path)
+    modules = dict(model.named_modules())
+    packed_by_name = {}
+    for index, tensor in enumerate(reader.tensors):
+        hf_name = names.get(tensor.name)
+        if hf_name is None:
+            continue
+        module_name, _, attribute = hf_name.rpartition(".")
+        module = modules[module_name]
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+        if attribute == "weight" and isinstance(module, (nn.Linear, nn.Embedding)) and len(shape) == 2 \
+                and (tensor.tensor_type not in FLOAT_TYPES or requantize_bits):
+            order = _row_order(processor, tensor.name, shape[0])
+            packed = packed_from_gguf(tensor.data, tensor.tensor_type, shape, order, requantize_bits)
+            packed_by_name[module_name] = packed
+        else:
+            value = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+            value = processor.process(weights=value, name=tensor.name).weights
+            module._parameters[attribute] = nn.Parameter(torch.from_numpy(np.array(value, dtype=np.float32)),
+                                                         requires_grad=False)
+        if progress:
+            progress((index + 1) / len(reader.tensors))
+    for module_name, packed in packed_by_name.items():
+        parent_name, _, child = module_name.rpartition(".")
+        old = modules[module_name]
+        new = LowBitEmbedding(packed) if isinstance(old, nn.Embedding) else \
+            LowBitLinear(packed, _real(old.bias), old.out_features)
+        setattr(modules[parent_name] if parent_name else model, child, new)
+    if config.tie_word_embeddings and "lm_head" not in packed_by_name:
+        embedding = model.get_input_embeddings()
+        if isinstance(embedding, LowBitEmbedding):
+            model.lm_head = LowBitLinear(embedding.packed, out_features=model.lm_head.out_features)
+    _check_complete(model, path)
+    return model.eval()
+
+
+def _real(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None or bias.is_meta else bias
+
+
+def _row_order(processor: TensorProcessor, name: str, rows: int) -> np.ndarray | None:
+    """How the architecture's tensor processor reorders this weight's rows (q/k heads on llama)."""
+    probe = np.arange(rows, dtype=np.float32).reshape(rows, 1)
+    moved = processor.process(weights=probe, name=name).weights
+    if moved.shape != probe.shape:
+        raise ValueError(f"{name}: this architecture changes GGUF weights in a way low-bit loading does not support")
+    order = moved[:, 0].astype(np.int64)
+    return None if np.array_equal(order, np.arange(rows)) else order
+
+
+def _check_complete(model: nn.Module, path: Path) -> None:
+    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    missing += [name for name, b in model.named_buffers() if b.is_meta]
+    if missing:
+        raise ValueError(f"{path.name} lacks {len(missing)} tensors the model needs (first: {missing[0]})")

@@ -1,0 +1,69 @@
+"""nn.Modules that hold packed low-bit weights in place of nn.Linear and nn.Embedding."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import kernel
+from .packing import PackedWeight, quantize_float
+
+
+class _Packed(nn.Module):
+    def __init__(self, weight: PackedWeight) -> None:
+        super().__init__()
+        self.bits, self.group = weight.bits, weight.group
+        for name, tensor in weight.tensors().items():
+            self.register_buffer(f"w_{name}", tensor)
+
+    @property
+    def packed(self) -> PackedWeight:
+        return PackedWeight(self.w_q, self.w_scale, self.w_min, self.bits, self.group)
+
+
+class LowBitLinear(_Packed):
+    def __init__(self, weight: PackedWeight, bias: torch.Tensor | None = None, out_features: int | None = None) -> None:
+        super().__init__(weight)
+        # out_features: the real outputs; the packed weight may carry zero rows of padding
+        self.in_features = weight.in_features
+        self.out_features = out_features or (bias.shape[0] if bias is not None else weight.out_features)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
+        out = kernel.linear(x.reshape(-1, self.in_features).float(), self.packed)
+        if out.shape[1] != self.out_features:
+            out = out[:, : self.out_features]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, {self.bits}-bit, groups of {self.group}"
+
+
+class LowBitEmbedding(_Packed):
+    def __init__(self, weight: PackedWeight) -> None:
+        super().__init__(weight)
+        self.embedding_dim = weight.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [...] long -> [..., dim]
+        return kernel.rows(ids.reshape(-1), self.packed).view(*ids.shape, self.embedding_dim)
+
+
+def quantize_model(model: nn.Module, bits: int, group: int = 32) -> nn.Module:
+    """Replace every nn.Linear and nn.Embedding of a float model by low-bit modules, in place
+    (a Hugging Face folder in fp16/bf16/fp32, quantized on load)."""
+    packed: dict[int, PackedWeight] = {}  # tied weights are packed once
+
+    def packed_of(weight: torch.Tensor) -> PackedWeight:
+        key = weight.data_ptr()
+        if key not in packed:
+            packed[key] = quantize_float(weight, bits, group)
+        return packed[key]
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and child.in_features % group == 0:
+                setattr(parent, name, LowBitLinear(packed_of(child.weight), child.bias, child.out_features))
+            elif isinstance(child, nn.Embedding) and child.embedding_dim % group == 0:
+                setattr(parent, name, LowBitEmbedding(packed_of(child.weight)))
+    return model

@@ -1,0 +1,79 @@
+"""A folder that holds a low-bit model: config, tokenizer, the packed tensors as safetensors and
+which modules are low-bit. Later starts load it in seconds instead of re-reading the GGUF."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from accelerate import init_empty_weights
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .modules import LowBitEmbedding, LowBitLinear, _Packed
+from .packing import PackedWeight
+
+LAYOUT = "lowbit.json"
+WEIGHTS = "lowbit.safetensors"
+FORMAT = 1  # bump when the packed layout changes, so old caches are rebuilt
+
+
+def is_complete(folder: Path) -> bool:
+    try:
+        return json.loads((folder / LAYOUT).read_text()).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    model.config.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    layout, tensors, owners = {}, {}, {}
+    for name, module in model.named_modules():
+        if isinstance(module, _Packed):
+            owner = owners.setdefault(module.w_q.data_ptr(), name)  # tied weights are stored once
+            layout[name] = {"kind": type(module).__name__, "bits": module.bits, "group": module.group,
+                            "weights_of": owner, "out_features": getattr(module, "out_features", None)}
+    for name, tensor in model.state_dict().items():
+        module_name = name.rpartition(".")[0]
+        if module_name in layout and layout[module_name]["weights_of"] != module_name:
+            continue
+        tensors[name] = tensor.contiguous()
+    save_file(tensors, partial / WEIGHTS)
+    (partial / LAYOUT).write_text(json.dumps({"format": FORMAT, "modules": layout}, indent=1))
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)  # a folder appears only complete
+
+
+def load(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    layout = json.loads((folder / LAYOUT).read_text())["modules"]
+    config = AutoConfig.from_pretrained(folder)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_file(folder / WEIGHTS)
+    for name, spec in layout.items():
+        source = spec["weights_of"]
+        packed = PackedWeight(tensors[f"{source}.w_q"], tensors[f"{source}.w_scale"], tensors[f"{source}.w_min"],
+                              spec["bits"], spec["group"])
+        bias = tensors.get(f"{name}.bias")
+        module = LowBitEmbedding(packed) if spec["kind"] == "LowBitEmbedding" else \
+            LowBitLinear(packed, bias, spec["out_features"])
+        model.set_submodule(name, module)
+    for name, tensor in tensors.items():
+        module_name, _, attribute = name.rpartition(".")
+        if module_name in layout:
+            continue
+        module = model.get_submodule(module_name)
+        if attribute in module._buffers:
+            module._buffers[attribute] = tensor
+        else:
+            module._parameters[attribute] = nn.Parameter(tensor, requires_grad=False)
+    missing = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
+    if missing:
+        raise ValueError(f"{folder} is incomplete (no {missing[0]})")
+    return model.eval(), AutoTokenizer.from_pretrained(folder)

@@ -1,0 +1,151 @@
+"""The low-bit engine: packing, GGUF block decoding, the C++ kernel against the pure-torch
+reference, batch invariance, and greedy equivalence with low-bit tiny models."""
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
+
+from app.engine.engine import SpeculativeEngine
+from app.engine.lowbit import kernel, packing
+from app.engine.lowbit.gguf_weights import packed_from_gguf
+from app.engine.lowbit.modules import LowBitLinear, quantize_model
+from app.engine.models import LoadedModel, Precision, load_model
+from tests.helpers import all_steps, generated_ids
+from tests.tiny import tiny_model
+
+FORMATS = [(4, 32), (8, 32), (8, 16), (4, 16)]
+
+
+def random_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(("bits", "group"), FORMATS)
+def test_pack_round_trip(bits, group):
+    q = torch.randint(0, 1 << bits, (48, 64), dtype=torch.uint8)  # 48 rows: padded to 64
+    scale, min_ = torch.rand(48, 64 // group), torch.rand(48, 64 // group)
+    packed = packing.pack(q, scale, min_, bits, group)
+    assert packed.out_features == 64 and torch.equal(packing.unpack(packed)[:48], q)
+    expected = scale.half().float().repeat_interleave(group, 1) * q.float() - min_.half().float().repeat_interleave(group, 1)
+    assert torch.equal(packing.dequantize(packed)[:48], expected)
+
+
+def test_pack_refuses_values_that_do_not_fit():
+    with pytest.raises(ValueError, match="4 unsigned bits"):
+        packing.pack(torch.full((32, 32), 16), torch.ones(32, 1), torch.zeros(32, 1), 4, 32)
+
+
+@pytest.mark.parametrize(("bits", "group"), FORMATS)
+def test_native_kernel_matches_reference(bits, group):
+    if kernel.native() is None:
+        pytest.skip(f"no native kernel here: {kernel.why_not_native()}")
+    packed = packing.quantize_float(random_weight(96, 256), bits, group)
+    x = torch.randn(11, 256)
+    out = kernel.linear(x, packed)
+    reference = packing.reference_linear(x, packed)
+    assert torch.allclose(out, reference, rtol=1e-5, atol=1e-4)
+    # and both are close to the float product (activation rounding only)
+    exact = x @ packing.dequantize(packed).T
+    assert (out - exact).abs().max() < 0.05 * exact.abs().max()
+
+
+@pytest.mark.parametrize(("bits", "group"), FORMATS)
+@pytest.mark.parametrize("path", ["native", "reference"])
+def test_linear_is_batch_invariant(bits, group, path):
+    """A row gives bit-identical outputs alone and inside batches of any size."""
+    if path == "native" and kernel.native() is None:
+        pytest.skip(f"no native kernel here: {kernel.why_not_native()}")
+    linear = kernel.linear if path == "native" else packing.reference_linear
+    packed = packing.quantize_float(random_weight(64, 128, seed=3), bits, group)
+    x = torch.randn(17, 128) * torch.logspace(-2, 2, 17)[:, None]  # rows of very different scales
+    alone = torch.cat([linear(x[i : i + 1], packed) for i in range(17)])
+    for size in (2, 5, 8, 9, 16, 17):
+        assert torch.equal(torch.cat([linear(x[i : i + size], packed) for i in range(0, 17, size)]), alone)
+
+
+def test_embedding_rows_match_the_dequantized_weight():
+    packed = packing.quantize_float(random_weight(80, 64), 4, 32)
+    ids = torch.tensor([0, 5, 17, 79, 5])
+    expected = packing.dequantize(packed)[ids]
+    assert torch.equal(kernel.rows(ids, packed), expected)
+    assert torch.equal(kernel.dequantize_rows(ids, packed), expected)
+
+
+def random_blocks(qtype: GGMLQuantizationType, n_blocks: int, seed: int) -> np.ndarray:
+    """Random bytes are valid blocks once their float16 scales are set to finite values."""
+    rng = np.random.default_rng(seed)
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
+    halves = {GGMLQuantizationType.Q6_K: [208], GGMLQuantizationType.Q4_K: [0, 2], GGMLQuantizationType.Q5_K: [0, 2]}
+    for offset in halves.get(qtype, [0]):
+        blocks[:, offset : offset + 2] = rng.uniform(0.001, 0.1, n_blocks).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return blocks
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q8_0"])
+def test_gguf_blocks_repack_to_the_same_weights(qtype):
+    qtype = GGMLQuantizationType[qtype]
+    block_size = GGML_QUANT_SIZES[qtype][0]
+    n, k = 32, 512
+    data = random_blocks(qtype, n * k // block_size, seed=7).reshape(n, -1)
+    packed = packed_from_gguf(data, qtype, (n, k))
+    expected = torch.from_numpy(dequantize(data, qtype).reshape(n, k).astype(np.float32))
+    # K-quant scales and mins (d * sc, dmin * m) are stored as float16: each rounds by at most
+    # 2^-11 of itself, a small fraction of one quantization step
+    assert (packing.dequantize(packed) - expected).abs().max() <= 2**-10 * expected.abs().max()
+    if qtype in (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0):
+        assert torch.equal(packing.dequantize(packed), expected)  # exact: d is float16 already
+
+
+def test_gguf_rows_follow_the_architecture_order():
+    qtype = GGMLQuantizationType.Q8_0
+    data = random_blocks(qtype, 32 * 64 // 32, seed=1).reshape(32, -1)
+    order = np.arange(32)[::-1].copy()
+    straight = packing.dequantize(packed_from_gguf(data, qtype, (32, 64)))
+    assert torch.equal(packing.dequantize(packed_from_gguf(data, qtype, (32, 64), order)), straight.flip(0))
+
+
+def low_bit_copy(model: LoadedModel, bits: int) -> LoadedModel:
+    copy = tiny_model(seed=int(model.name.split("-")[1]))  # same weights, a fresh float copy
+    return LoadedModel(f"{model.name}-q{bits}", quantize_model(copy.model, bits), copy.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def low_bit_target(tiny_target):
+    return low_bit_copy(tiny_target, 8)
+
+
+def test_quantized_model_keeps_only_low_bit_linears(low_bit_target, tiny_target):
+    linears = [m for m in low_bit_target.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == []
+    assert any(isinstance(m, LowBitLinear) for m in low_bit_target.model.modules())
+    assert low_bit_target.memory_bytes < 0.45 * tiny_target.memory_bytes
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_low_bit_greedy_equivalence_with_an_unrelated_draft(low_bit_target, tiny_draft, k):
+    draft = low_bit_copy(tiny_draft, 4)
+    engine = SpeculativeEngine(low_bit_target, draft)
+    prompt = [5, 9, 2, 7]
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=40)
+    assert generated_ids(engine, prompt, k=k, max_new_tokens=40) == plain
+
+
+def test_low_bit_same_model_draft_accepts_everything(low_bit_target):
+    engine = SpeculativeEngine(low_bit_target, low_bit_target)
+    prompt = [3, 1, 4, 1, 5]
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=36)
+    steps = all_steps(engine, prompt, k=5, max_new_tokens=36)
+    assert [t.id for s in steps for t in s.tokens] == plain
+    # Only batch invariance makes this exact: each draft token was computed alone by the draft
+    # (the same low-bit model) and is verified inside a batch of six by the target.
+    assert steps[-1].stats.acceptance_rate == 1.0
+
+
+def test_a_float_folder_loads_quantized_on_request(tmp_path, tiny_target):
+    tiny_target.model.save_pretrained(tmp_path / "m")
+    tiny_target.tokenizer.save_pretrained(tmp_path / "m")
+    fp32 = load_model(str(tmp_path / "m"), precision=Precision.FP32)
+    four = load_model(str(tmp_path / "m"), precision=Precision.BITS4)
+    assert four.precision.startswith("4bit") and fp32.precision == "fp32"
+    assert four.memory_bytes < 0.3 * fp32.memory_bytes
