@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
-from app.engine.policy import AdaptiveK
+from app.engine.policy import CostAwareK, CostModel
 from app.engine.steps import Source
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model
@@ -57,16 +57,44 @@ def test_adaptive_k_gives_target_output(tiny_target, tiny_draft, draft_name):
         assert generated_ids(engine, prompt, k=2, adaptive=True, max_new_tokens=N_NEW) == plain
 
 
-def test_adaptive_policy_lengthens_and_shortens():
-    policy = AdaptiveK(k=4, k_min=1, k_max=6)
-    policy.update(n_drafted=4, n_accepted=4)
-    assert policy.k == 6
-    policy.update(n_drafted=6, n_accepted=6)
-    assert policy.k == 6  # capped
-    policy.update(n_drafted=6, n_accepted=1)
-    assert policy.k == 5
-    policy.update(n_drafted=5, n_accepted=3)
-    assert policy.k == 5  # more than half accepted: unchanged
+def costs(verify_ms: dict[int, float], draft_ms: float) -> CostModel:
+    return CostModel(draft_token=draft_ms / 1000, verify={n: ms / 1000 for n, ms in verify_ms.items()})
+
+
+CHEAP_VERIFY = {1: 50, 9: 60, 17: 80}  # a memory-bound target: 9 tokens cost 1.2x one
+
+
+def test_cost_aware_policy_drafts_long_when_the_draft_agrees_and_verification_is_cheap():
+    policy = CostAwareK(costs(CHEAP_VERIFY, draft_ms=5))
+    for _ in range(10):
+        policy.update(n_drafted=policy.k, n_accepted=policy.k, draft_seconds=0.005 * policy.k, target_seconds=0.06)
+    assert policy.k >= 8
+
+
+def test_cost_aware_policy_falls_back_to_plain_steps_and_probes():
+    policy = CostAwareK(costs({1: 50, 9: 110, 17: 180}, draft_ms=15))
+    for _ in range(5):  # the draft keeps missing its first token
+        policy.update(n_drafted=max(policy.k, 1), n_accepted=0, draft_seconds=0.015, target_seconds=0.06)
+    assert policy.k == 0
+    for _ in range(policy.probe_every):
+        policy.update(n_drafted=0, n_accepted=0, target_seconds=0.05)
+    assert policy.k > 0  # a probe after a run of plain steps
+
+
+def test_cost_aware_policy_learns_from_what_was_offered():
+    """A draft that stopped itself on low confidence and was fully accepted is no rejection."""
+    stopped_itself = CostAwareK(costs(CHEAP_VERIFY, draft_ms=5))
+    rejected = CostAwareK(costs(CHEAP_VERIFY, draft_ms=5))
+    for _ in range(5):
+        stopped_itself.update(n_drafted=2, n_accepted=2, draft_seconds=0.01, target_seconds=0.052)
+        rejected.update(n_drafted=3, n_accepted=2, draft_seconds=0.015, target_seconds=0.053)
+    assert stopped_itself.acceptance > rejected.acceptance
+
+
+def test_cost_model_interpolates_between_measured_passes():
+    model = costs({1: 50, 9: 90}, draft_ms=5)
+    assert model.verify_seconds(5) == pytest.approx(0.070)
+    assert model.verify_seconds(17) == pytest.approx(0.130)  # extrapolated along the last segment
 
 
 def test_adaptive_k_grows_after_full_acceptance():

@@ -67,7 +67,7 @@ def token_fragments(window):
 
 
 def test_chat_turn_streams_with_provenance_colours(qtbot, make_window):
-    window = make_window(k=3)
+    window = make_window(k=3, adaptive=False)  # fixed k: every step drafts, so no plain tokens
     steps = []
     window.worker.step.connect(steps.append)
     answer = send_and_wait(qtbot, window)

@@ -99,3 +99,15 @@ def test_bad_options_are_refused():
         GenerationOptions(k=0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
+
+
+def test_a_second_concurrent_request_is_refused(tiny_target):
+    from app.engine.errors import EngineBusyError
+
+    engine = SpeculativeEngine(tiny_target)
+    first = engine.generate(PROMPT, GenerationOptions(speculative=False, max_new_tokens=20))
+    next(first)
+    with pytest.raises(EngineBusyError):
+        next(engine.generate(PROMPT, GenerationOptions(speculative=False, max_new_tokens=5)))
+    list(first)  # the first request finishes normally and frees the engine
+    assert len(list(engine.generate(PROMPT, GenerationOptions(speculative=False, max_new_tokens=5)))) > 0

@@ -149,3 +149,20 @@ def test_a_float_folder_loads_quantized_on_request(tmp_path, tiny_target):
     four = load_model(str(tmp_path / "m"), precision=Precision.BITS4)
     assert four.precision.startswith("4bit") and fp32.precision == "fp32"
     assert four.memory_bytes < 0.3 * fp32.memory_bytes
+
+
+def test_lean_decoder_matches_transformers_forward(low_bit_target):
+    """The lean pass runs the same modules as transformers' forward, cache and rollback included."""
+    from app.engine.cached_model import CachedModel, cached
+    from app.engine.lean_decoder import LeanDecoder
+
+    lean, reference = cached(low_bit_target.model), CachedModel(low_bit_target.model)
+    assert isinstance(lean, LeanDecoder)
+    for model in (lean, reference):
+        model.forward(torch.tensor([4, 8, 15, 16]), keep=1)
+    steps = [(torch.tensor([23, 42, 7]), 3), (torch.tensor([9]), 1), (torch.tensor([1, 2, 3, 4, 5, 6]), 6)]
+    for tokens, keep in steps:
+        lean_logits, reference_logits = lean.forward(tokens, keep), reference.forward(tokens, keep)
+        assert torch.allclose(lean_logits, reference_logits, atol=1e-4, rtol=1e-4)
+        for model in (lean, reference):
+            model.rollback(model.length - 1)  # drop the last token, as a rejected draft

@@ -7,6 +7,7 @@ from app.engine.engine import SpeculativeEngine
 from app.engine.errors import ModelError
 from app.engine.models import load_model
 from app.engine.steps import Source
+from app.options import LOAD_DEFAULTS
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model
 
@@ -22,7 +23,8 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def real_pair():
-    return load_model("default-draft"), load_model("default-target")
+    return (load_model("default-draft", precision=LOAD_DEFAULTS.draft_precision),
+            load_model("default-target", precision=LOAD_DEFAULTS.precision))
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,8 @@ def test_greedy_speculative_equals_plain_target(real_engine, question):
     steps = all_steps(real_engine, prompt, k=4, max_new_tokens=48)
     assert [t.id for s in steps for t in s.tokens] == plain
     assert len(plain) == 48
+    adaptive = all_steps(real_engine, prompt, k=8, adaptive=True, max_new_tokens=48)
+    assert [t.id for s in adaptive for t in s.tokens] == plain
     # A real draft from the same family agrees with its target most of the time.
     assert steps[-1].stats.acceptance_rate > 0.4
     assert {t.source for s in steps for t in s.tokens} >= {Source.ACCEPTED}

@@ -14,23 +14,46 @@ import torch
 from tqdm import tqdm
 
 from ..chat.prompt import chat_prompt_ids
+from ..engine.cached_model import cached as cached_forward
 from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.models import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
 from ..options import add_engine_arguments, generation_options
+from . import llama_peer
 from .data import DEFAULT_DATA_DIR, read_jsonl
 
-Run = Callable[[list[int], int], tuple[list[int], Stats | None]]  # (prompt, max new tokens)
+Run = Callable[[list[int], int], "RunResult"]  # (prompt, max new tokens)
+
+
+@dataclass
+class RunResult:
+    ids: list[int]
+    stats: Stats | None = None
+    prefill_seconds: float | None = None  # when the mode can tell prefill from decoding
 
 
 @dataclass
 class ModeTotals:
     tokens: int = 0
     seconds: float = 0.0
+    prefill_seconds: float | None = 0.0  # None once a run could not tell
+    prompt_tokens: int = 0
     stats: list[Stats] = field(default_factory=list)
+
+    def add(self, result: RunResult, seconds: float, prompt_tokens: int) -> None:
+        self.tokens += len(result.ids)
+        self.seconds += seconds
+        self.prompt_tokens += prompt_tokens
+        prefill = result.stats.prefill_seconds if result.stats else result.prefill_seconds
+        self.prefill_seconds = None if prefill is None or self.prefill_seconds is None else self.prefill_seconds + prefill
+        if result.stats:
+            self.stats.append(result.stats)
 
     def summary(self) -> dict:
         out = {"tokens": self.tokens, "seconds": round(self.seconds, 3), "tokens_per_s": round(self.tokens_per_s, 3)}
+        if self.prefill_seconds:
+            out["prefill_tokens_per_s"] = round(self.prompt_tokens / self.prefill_seconds, 2)
+            out["decode_tokens_per_s"] = round(self.tokens / (self.seconds - self.prefill_seconds), 3)
         if self.stats and sum(s.drafted for s in self.stats):
             drafted, accepted = sum(s.drafted for s in self.stats), sum(s.accepted for s in self.stats)
             out["acceptance_rate"] = round(accepted / drafted, 4)
@@ -52,19 +75,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSONL file with a 'question' field (default: GSM8K test)")
     parser.add_argument("--limit", type=int, default=3, help="number of prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--hf-k", default="3,5,8", help="constant draft lengths to try for HF assisted generation")
+    parser.add_argument("--hf-k", default="", help="constant draft lengths to try for HF assisted generation, e.g. 3,5")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
-    parser.add_argument("--hf-same-draft", action="store_true",
-                        help="give HF assisted generation our (int8) draft too, instead of the usual fp32 draft")
+    parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp (the optional .[peers] extra)")
     parser.add_argument("--no-packed-linear", action="store_true",
-                        help="lever off: PyTorch's default fp32 linear instead of pre-packed oneDNN weights")
+                        help="lever off (fp32 only): PyTorch's default fp32 linear instead of pre-packed oneDNN weights")
     parser.add_argument("--json", type=Path, help="write the results here")
 
 
 def ours(engine: SpeculativeEngine, options: GenerationOptions) -> Run:
-    def run(prompt: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
+    def run(prompt: list[int], max_new_tokens: int) -> RunResult:
         steps = list(engine.generate(prompt, replace(options, max_new_tokens=max_new_tokens)))
-        return [t.id for s in steps for t in s.tokens], steps[-1].stats
+        return RunResult([t.id for s in steps for t in s.tokens], steps[-1].stats)
 
     return run
 
@@ -78,7 +100,7 @@ def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
         "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0
     }
 
-    def run(prompt: list[int], max_new_tokens: int) -> tuple[list[int], None]:
+    def run(prompt: list[int], max_new_tokens: int) -> RunResult:
         draft.model.generation_config = copy.deepcopy(pristine)
         input_ids = torch.tensor([prompt], device=target.model.device)
         with torch.inference_mode():
@@ -86,9 +108,27 @@ def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft.model,
                 do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=stop[0], **tuning,
             )
-        return out[0, len(prompt):].tolist(), None
+        return RunResult(out[0, len(prompt):].tolist())
 
     return run
+
+
+def verify_cost_curve(model: LoadedModel, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3) -> dict:
+    """Milliseconds of one pass over n new tokens after `context` cached ones (best of `repeats`):
+    speculation pays while verifying k+1 tokens costs about as much as one."""
+    cached = cached_forward(model.model)
+    prefix = torch.arange(1000, 1000 + context) % model.model.config.vocab_size
+    curve = {}
+    for n in sizes:
+        best = float("inf")
+        for _ in range(repeats):
+            cached.reset()
+            cached.forward(prefix, keep=1)
+            start = time.perf_counter()
+            cached.forward(torch.arange(2000, 2000 + n) % model.model.config.vocab_size, keep=n)
+            best = min(best, time.perf_counter() - start)
+        curve[n] = round(best * 1000, 2)
+    return curve
 
 
 def run_speed(args: argparse.Namespace) -> dict:
@@ -96,12 +136,9 @@ def run_speed(args: argparse.Namespace) -> dict:
     print(f"device: {why}")
     stage = lambda text, fraction: print(f"  {text}" + (f" {fraction:.0%}" if fraction is not None else ""), flush=True)
     packed = not args.no_packed_linear
-    draft = load_model(args.draft, device, dtype, progress=stage, packed_linear=packed, int8=args.draft_int8)
-    target = load_model(args.target, device, dtype, progress=stage, packed_linear=packed)
+    draft = load_model(args.draft, device, dtype, progress=stage, precision=args.draft_precision, packed_linear=packed)
+    target = load_model(args.target, device, dtype, progress=stage, precision=args.precision, packed_linear=packed)
     engine = SpeculativeEngine(target, draft)
-    # transformers users run assisted generation with the draft as published (full precision).
-    hf_draft = draft if args.hf_same_draft or not args.draft_int8 else load_model(
-        args.draft, device, dtype, progress=stage, packed_linear=packed)
     rows = read_jsonl(args.data, args.limit)
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": row["question"]}]) for row in rows]
 
@@ -109,11 +146,23 @@ def run_speed(args: argparse.Namespace) -> dict:
         "plain": ours(engine, generation_options(args, speculative=False)),
         "speculative": ours(engine, generation_options(args, speculative=True)),
     }
-    if not args.no_hf:
-        modes["hf_assisted_default"] = hf_assisted(target, hf_draft, None)
+    if not args.no_hf:  # the same model objects in transformers' own assisted-generation loop
+        modes["hf_assisted_default"] = hf_assisted(target, draft, None)
         for k in (int(v) for v in args.hf_k.split(",") if v):
-            modes[f"hf_assisted_k{k}"] = hf_assisted(target, hf_draft, k)
+            modes[f"hf_assisted_k{k}"] = hf_assisted(target, draft, k)
+    peer_note = None
+    if not args.no_peer and device.type == "cpu":
+        peer_note = llama_peer.unavailable_reason()
+        if peer_note is None:
+            peer = llama_peer.LlamaPeer(llama_peer.gguf_path(args.target, stage), llama_peer.gguf_path(args.draft, stage),
+                                        threads=torch.get_num_threads(), stop_tokens=target.stop_tokens)
+            modes["llama.cpp_plain"] = peer.plain
+            modes["llama.cpp_speculative"] = peer.speculative
+            peer_note = peer.describe()
+        print(f"peer: {peer_note}")
 
+    print("verify cost (ms per target pass over n tokens):", curve := verify_cost_curve(target))
+    print("draft cost (ms per draft pass over n tokens):", draft_curve := verify_cost_curve(draft, sizes=(1,)))
     for run in modes.values():  # warm-up: first calls allocate and are slow
         run(prompts[0], 8)
     totals = {name: ModeTotals() for name in modes}
@@ -126,16 +175,14 @@ def run_speed(args: argparse.Namespace) -> dict:
             for name, run in modes.items():  # interleaved, so machine noise hits all modes alike
                 bar.set_postfix_str(f"prompt {index + 1} {name}")
                 start = time.perf_counter()
-                ids, stats = run(prompt, args.max_new_tokens)
+                result = run(prompt, args.max_new_tokens)
                 seconds = time.perf_counter() - start
-                reference = ids if reference is None else reference
-                same = ids == reference
-                identical &= same
-                totals[name].tokens += len(ids)
-                totals[name].seconds += seconds
-                if stats:
-                    totals[name].stats.append(stats)
-                record["modes"][name] = {"tokens": len(ids), "seconds": round(seconds, 3), "identical": same}
+                reference = result.ids if reference is None else reference
+                same = result.ids == reference
+                if not name.startswith("llama.cpp"):  # another engine's numerics: compared, not required
+                    identical &= same
+                totals[name].add(result, seconds, len(prompt))
+                record["modes"][name] = {"tokens": len(result.ids), "seconds": round(seconds, 3), "identical": same}
                 bar.update()
             per_prompt.append(record)
 
@@ -143,18 +190,26 @@ def run_speed(args: argparse.Namespace) -> dict:
     speed = {name: total.tokens_per_s for name, total in totals.items()}
     hf_names = [name for name in modes if name.startswith("hf_")]
     best_hf = max(hf_names, key=speed.get) if hf_names else None
+    decode = {name: summary.get("decode_tokens_per_s") for name, summary in summaries.items()}
     result = {
         "config": {
-            "target": target.name, "draft": draft.name, "hf_draft": hf_draft.name, "device": why, "dtype": str(dtype).replace("torch.", ""),
+            "target": target.name, "draft": draft.name, "precision": target.precision,
+            "draft_precision": draft.precision, "device": why, "dtype": str(dtype).replace("torch.", ""),
             "torch_threads": torch.get_num_threads(), "data": str(args.data), "limit": len(prompts),
             "max_new_tokens": args.max_new_tokens, "k": args.k, "adaptive": args.adaptive, "packed_linear": packed,
-            "proposer": args.proposer, "draft_int8": args.draft_int8,
+            "proposer": args.proposer, "peer": peer_note,
         },
+        "memory": {"target_bytes": target.memory_bytes, "draft_bytes": draft.memory_bytes,
+                   "process_rss_bytes": _rss_bytes()},
+        "verify_cost_ms": curve,
+        "draft_cost_ms": draft_curve,
         "modes": summaries,
         "per_prompt": per_prompt,
         "speedup_vs_plain": round(speed["speculative"] / speed["plain"], 3),
         "speedup_vs_hf_assisted": round(speed["speculative"] / speed[best_hf], 3) if best_hf else None,
         "best_hf_assisted": best_hf,
+        "decode_speedup_vs_llama_cpp_plain": round(decode["speculative"] / decode["llama.cpp_plain"], 3)
+        if decode.get("llama.cpp_plain") else None,
         "identical": identical,
     }
     print(format_table(result))
@@ -164,21 +219,38 @@ def run_speed(args: argparse.Namespace) -> dict:
     return result
 
 
+def _rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
 def format_table(result: dict) -> str:
     plain = result["modes"]["plain"]["tokens_per_s"]
     lines = [
-        "| mode | tokens | seconds | tokens/s | vs plain | acceptance | mean accepted length |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| mode | tokens | seconds | tokens/s | vs plain | decode tokens/s | prefill tokens/s | acceptance | mean accepted length |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, mode in result["modes"].items():
         acceptance = f"{mode['acceptance_rate']:.1%}" if "acceptance_rate" in mode else ""
         length = f"{mode['mean_accepted_length']:.2f}" if "mean_accepted_length" in mode else ""
         lines.append(
             f"| {name} | {mode['tokens']} | {mode['seconds']:.1f} | {mode['tokens_per_s']:.2f} | "
-            f"{mode['tokens_per_s'] / plain:.2f}x | {acceptance} | {length} |"
+            f"{mode['tokens_per_s'] / plain:.2f}x | {mode.get('decode_tokens_per_s', '')} | "
+            f"{mode.get('prefill_tokens_per_s', '')} | {acceptance} | {length} |"
         )
     versus_hf = (f"; vs best HF assisted ({result['best_hf_assisted']}): {result['speedup_vs_hf_assisted']:.2f}x"
                  if result["best_hf_assisted"] else "")
-    lines.append(f"\nspeedup vs plain: {result['speedup_vs_plain']:.2f}x{versus_hf}; "
+    versus_llama = (f"; decode vs llama.cpp plain: {result['decode_speedup_vs_llama_cpp_plain']:.2f}x"
+                    if result.get("decode_speedup_vs_llama_cpp_plain") else "")
+    memory = result["memory"]
+    lines.append(f"\nspeedup vs plain: {result['speedup_vs_plain']:.2f}x{versus_hf}{versus_llama}; "
                  f"identical: {str(result['identical']).lower()}")
+    lines.append(f"verify cost, ms per target pass over n tokens: {result['verify_cost_ms']}; "
+                 f"draft: {result['draft_cost_ms']}")
+    lines.append(f"memory: target {memory['target_bytes'] / 2**30:.2f} GiB ({result['config']['precision']}), "
+                 f"draft {memory['draft_bytes'] / 2**30:.2f} GiB ({result['config']['draft_precision']}), "
+                 f"process RSS {memory['process_rss_bytes'] / 2**30:.2f} GiB")
+    if result["config"].get("peer"):
+        lines.append(f"peer: {result['config']['peer']}")
     return "\n".join(lines)

@@ -34,3 +34,14 @@ class CachedModel:
         if length < self.length:
             self.cache.crop(length - self.length)  # transformers 5: a negative count removes tokens
             self.length = length
+
+
+def cached(model: PreTrainedModel, vocab_width: int | None = None):
+    """The cached forward a model runs with: the lean decoder for low-bit Llama/Qwen2-style
+    models, transformers' own forward otherwise (every float model: the reference path)."""
+    from . import lean_decoder
+    from .lowbit.modules import LowBitLinear
+
+    if lean_decoder.supports(model) and any(isinstance(m, LowBitLinear) for m in model.modules()):
+        return lean_decoder.LeanDecoder(model, vocab_width)
+    return CachedModel(model, vocab_width)

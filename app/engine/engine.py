@@ -5,16 +5,18 @@ One request at a time: each model has a single KV cache.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
 
-from .cached_model import CachedModel
+from .cached_model import CachedModel, cached
 from .loop import Limits, speculative_generate
+from .errors import EngineBusyError
 from .models import LoadedModel, check_compatible, shared_vocab_width
-from .policy import AdaptiveK, FixedK
+from .policy import CostAwareK, CostModel, FixedK
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
 from .sampling import SamplingParams
 from .steps import Step
@@ -52,18 +54,40 @@ class SpeculativeEngine:
             check_compatible(draft, target)
             width = shared_vocab_width(draft, target)
         self.target, self.draft = target, draft
-        self._target = CachedModel(target.model, width)
-        self._draft = CachedModel(draft.model, width) if draft is not None else None
+        self._target = cached(target.model, width)
+        self._draft = cached(draft.model, width) if draft is not None else None
+        self.costs = CostModel()  # what a draft token and a verification cost here, across requests
+        self._busy = threading.Lock()
 
     def generate(
         self, prompt_ids: list[int], options: GenerationOptions, cancel: threading.Event | None = None
     ) -> Iterator[Step]:
-        generator = torch.Generator(device=self._target.device).manual_seed(options.seed)
-        policy = AdaptiveK(k=options.k) if options.adaptive else FixedK(options.k)
-        limits = Limits(options.max_new_tokens, self.target.context_length, self.target.stop_tokens)
-        return speculative_generate(
-            self._target, self._proposer(options, generator), policy, prompt_ids, options.sampling, limits, generator, cancel
-        )
+        """The steps of one answer, computed as they are iterated. One request at a time: each
+        model has a single KV cache, so iterating a second request while one runs raises
+        EngineBusyError."""
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusyError("the engine is already generating an answer; stop it or wait for it")
+        try:
+            if options.adaptive and not self.costs.ready:
+                self.calibrate()
+            generator = torch.Generator(device=self._target.device).manual_seed(options.seed)
+            policy = CostAwareK(self.costs, k=options.k) if options.adaptive else FixedK(options.k)
+            limits = Limits(options.max_new_tokens, self.target.context_length, self.target.stop_tokens)
+            yield from speculative_generate(self._target, self._proposer(options, generator), policy, prompt_ids,
+                                            options.sampling, limits, generator, cancel)
+        finally:
+            self._busy.release()
+
+    def calibrate(self) -> None:
+        """Time target passes over 1..17 tokens and a draft token once (about a second for the
+        default pair), so the cost-aware policy chooses well from the first step; later steps
+        refine the figures. Runs on first use when nobody called it after loading."""
+        context = torch.arange(32) % 64
+        for n in (1, 2, 5, 9, 17):
+            self.costs.verify[n] = _timed(self._target, context, n)
+        # without a draft model only prompt lookup drafts, at next to no cost
+        self.costs.draft_token = _timed(self._draft, context, 1) if self._draft is not None else 1e-5
+        self._target.reset()
 
     def _proposer(self, options: GenerationOptions, generator: torch.Generator) -> Proposer:
         if not options.speculative:
@@ -73,3 +97,18 @@ class SpeculativeEngine:
         if self._draft is None:
             raise ValueError("speculation with a draft model needs a draft model; load one or use prompt lookup")
         return DraftModelProposer(self._draft, options.sampling, generator)
+
+
+def _timed(model: CachedModel, context: torch.Tensor, n: int) -> float:
+    """Seconds of one pass over n new tokens after `context` (best of two)."""
+    best = float("inf")
+    for _ in range(2):
+        model.reset()
+        model.forward(context, keep=1)
+        start = time.perf_counter()
+        model.forward(torch.arange(n) % 64, keep=n)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    model.reset()
+    return best

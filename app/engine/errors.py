@@ -4,3 +4,7 @@ class ModelError(Exception):
 
 class PromptTooLongError(ValueError):
     """The prompt leaves no room in the model's context for a single new token."""
+
+
+class EngineBusyError(RuntimeError):
+    """A second request reached an engine that is still generating."""

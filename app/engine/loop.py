@@ -65,6 +65,7 @@ def speculative_generate(
             return
         # Leave room for the token the target adds, within both limits.
         k = min(policy.k, budget - n_new - 1)
+        seconds_before = (stats.draft_seconds, stats.target_seconds)
         with clock.add_to(stats, "draft_seconds"):
             draft = proposer.propose(k, policy.min_confidence) if k > 0 else _EMPTY
         draft_tokens = draft.tokens.to(target.device)
@@ -75,7 +76,8 @@ def speculative_generate(
 
         target.rollback(len(tokens) + n_accepted)
         proposer.commit(n_accepted, next_token)
-        policy.update(len(draft), n_accepted)
+        policy.update(len(draft), n_accepted, stats.draft_seconds - seconds_before[0],
+                      stats.target_seconds - seconds_before[1])
 
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
         tokens += [token.id for token in emitted]

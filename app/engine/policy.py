@@ -1,7 +1,7 @@
 """Draft-length policies. They change how much is drafted, never what is emitted."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -9,27 +9,88 @@ class FixedK:
     k: int
     min_confidence: float = 0.0  # never stop drafting early
 
-    def update(self, n_drafted: int, n_accepted: int) -> None:
+    def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0) -> None:
         pass
 
 
 @dataclass
-class AdaptiveK:
-    """Lengthen after a fully accepted draft, shorten after an early rejection, and let the
-    draft stop on its own once its confidence in a token falls below `min_confidence`."""
+class CostModel:
+    """Measured seconds of one draft token and of one target pass over n tokens. It belongs to an
+    engine (its hardware and models) and lives across requests."""
 
-    k: int = 8
-    k_min: int = 1
+    draft_token: float | None = None
+    verify: dict[int, float] = field(default_factory=dict)  # tokens in the pass -> seconds
+    smoothing: float = 0.3
+
+    def observe(self, n_drafted: int, draft_seconds: float, n_verified: int, target_seconds: float) -> None:
+        if n_drafted:
+            self.draft_token = self._blend(self.draft_token, draft_seconds / n_drafted)
+        self.verify[n_verified] = self._blend(self.verify.get(n_verified), target_seconds)
+
+    def verify_seconds(self, n: int) -> float:
+        """Interpolated (or extrapolated) along the measured points."""
+        if n in self.verify:
+            return self.verify[n]
+        points = sorted(self.verify)
+        below = [p for p in points if p < n][-1:] or points[:1]
+        above = [p for p in points if p > n][:1] or points[-2:-1] or below
+        (x0, x1) = (below[0], above[0]) if below[0] != above[0] else (below[0], below[0] + 1)
+        y0, y1 = self.verify[x0], self.verify.get(x1, self.verify[x0])
+        return max(y0 + (y1 - y0) * (n - x0) / (x1 - x0), min(self.verify.values()))
+
+    @property
+    def ready(self) -> bool:
+        return self.draft_token is not None and len(self.verify) >= 2
+
+    def _blend(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+
+
+@dataclass
+class CostAwareK:
+    """Each step, the k (0 = a plain step) that maximises expected tokens per second:
+    E(k) / (k * draft_token + verify(k + 1)), with E(k) = (1 - a^(k+1)) / (1 - a) tokens per
+    step for a per-token acceptance a. The acceptance is learnt from what was actually offered
+    (a draft that stopped itself on low confidence and was fully accepted counts no rejection),
+    with older steps fading. After `probe_every` plain steps it drafts once to look again.
+    The draft also stops itself once its confidence in a token falls below `min_confidence`."""
+
+    costs: CostModel
+    k: int = 8  # used until the costs are known
     k_max: int = 16
-    min_confidence: float = 0.5  # tuned on GSM8K with the default pair (see README)
+    min_confidence: float = 0.5
+    probe_every: int = 8
+    fading: float = 0.85
+    accepted_weight: float = 3.0  # prior: acceptance 0.75
+    rejected_weight: float = 1.0
+    plain_steps: int = 0
 
-    def update(self, n_drafted: int, n_accepted: int) -> None:
-        if n_drafted == 0:
-            return
-        if n_accepted == n_drafted:
-            self.k = min(self.k + 2, self.k_max)
-        elif n_accepted < n_drafted // 2:
-            self.k = max(self.k - 1, self.k_min)
+    @property
+    def acceptance(self) -> float:
+        return self.accepted_weight / (self.accepted_weight + self.rejected_weight)
+
+    def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0) -> None:
+        self.costs.observe(n_drafted, draft_seconds, n_drafted + 1, target_seconds)
+        if n_drafted:
+            self.accepted_weight = self.fading * self.accepted_weight + n_accepted
+            self.rejected_weight = self.fading * self.rejected_weight + (n_accepted < n_drafted)
+            self.plain_steps = 0
+        else:
+            self.plain_steps += 1
+        if self.costs.ready:
+            self.k = self.best_k()
+
+    def expected_rate(self, k: int) -> float:
+        """Expected tokens per second of a step drafting k tokens."""
+        a = min(self.acceptance, 0.999)
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        return tokens / (k * self.costs.draft_token + self.costs.verify_seconds(k + 1))
+
+    def best_k(self) -> int:
+        best = max(range(self.k_max + 1), key=self.expected_rate)
+        if best == 0 and self.plain_steps >= self.probe_every:
+            return 2  # a short probe: cheap, and enough to see whether the draft agrees again
+        return best
 
 
-DraftLengthPolicy = FixedK | AdaptiveK
+DraftLengthPolicy = FixedK | CostAwareK

@@ -249,7 +249,10 @@ class MainWindow(QMainWindow):
                 if key not in self.models:
                     self.models[key] = self.load(key[0], self.device, self.dtype, report, precision=key[1])
             try:
-                return LoadResult(SpeculativeEngine(self.models[target_key], self.models[draft_key]))
+                engine = SpeculativeEngine(self.models[target_key], self.models[draft_key])
+                report("Measuring draft and verification costs", None)
+                engine.calibrate()
+                return LoadResult(engine)
             except ModelError as error:
                 return LoadResult(error=str(error), incompatible_draft=draft_source)
 

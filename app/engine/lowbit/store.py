@@ -17,7 +17,7 @@ from .packing import PackedWeight
 
 LAYOUT = "lowbit.json"
 WEIGHTS = "lowbit.safetensors"
-FORMAT = 1  # bump when the packed layout changes, so old caches are rebuilt
+FORMAT = 2  # bump when the packed layout changes, so old caches are rebuilt
 
 
 def is_complete(folder: Path) -> bool:

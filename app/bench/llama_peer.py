@@ -1,0 +1,119 @@
+"""The peer to beat on CPU: llama.cpp (LM Studio's engine) through llama-cpp-python, on the same
+GGUF files, prompt token ids and thread count. Optional: `pip install -e ".[peers]"` compiles
+llama.cpp from source (about 10 minutes on 2 cores), so it is never a default or CI dependency.
+
+Plain decoding is llama.cpp's own greedy loop. Speculative decoding follows
+`llama-speculative-simple`: the draft proposes up to 8 tokens greedily, stopping early once its
+top probability falls below 0.75, and the target verifies them in one batch.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..engine import default_models
+from ..engine.models import cache_dir
+
+N_DRAFT_MAX = 8
+DRAFT_P_MIN = 0.75
+
+
+def unavailable_reason() -> str | None:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return 'llama.cpp not installed (pip install -e ".[peers]" builds it, about 10 minutes)'
+    return None
+
+
+def gguf_path(source: str, progress) -> Path:
+    """The GGUF file of a source; the default pair is assembled from its installed parts."""
+    packaged = default_models.DEFAULTS.get(source)
+    if packaged is None:
+        return Path(source).expanduser()
+    return default_models.assemble(packaged, cache_dir() / f"{packaged.name}.gguf", progress)
+
+
+class LlamaPeer:
+    def __init__(self, target_gguf: Path, draft_gguf: Path, threads: int, stop_tokens: frozenset[int]) -> None:
+        from llama_cpp import Llama
+
+        common = {"n_ctx": 4096, "n_threads": threads, "n_threads_batch": threads, "verbose": False}
+        # Plain decoding needs only the last logits; verification needs every row of the batch.
+        # Both target instances map the same file, so the weights are in memory once.
+        self.target = Llama(str(target_gguf), logits_all=False, **common)
+        self.verifier = Llama(str(target_gguf), logits_all=True, **common)
+        self.draft = Llama(str(draft_gguf), logits_all=False, **common)
+        self.stop_tokens = stop_tokens
+        self.files = (target_gguf.name, draft_gguf.name)
+
+    def describe(self) -> str:
+        import llama_cpp
+
+        return (f"llama.cpp via llama-cpp-python {llama_cpp.__version__} on {self.files[0]} (draft {self.files[1]}); "
+                f"speculative: draft up to {N_DRAFT_MAX}, p-min {DRAFT_P_MIN}")
+
+    def plain(self, prompt: list[int], max_new_tokens: int):
+        from .speed import RunResult
+
+        llm = self.target
+        _truncate(llm, 0)
+        start = time.perf_counter()
+        llm.eval(prompt)
+        prefill = time.perf_counter() - start
+        out: list[int] = []
+        while True:
+            token = int(np.argmax(_last_logits(llm)))
+            out.append(token)
+            if token in self.stop_tokens or len(out) >= max_new_tokens:
+                return RunResult(out, prefill_seconds=prefill)
+            llm.eval([token])
+
+    def speculative(self, prompt: list[int], max_new_tokens: int):
+        from .speed import RunResult
+
+        target, draft = self.verifier, self.draft
+        committed = list(prompt)
+        start = time.perf_counter()
+        for llm in (target, draft):  # the last prompt token goes in with the first draft
+            _truncate(llm, 0)
+            llm.eval(prompt[:-1])
+        prefill = time.perf_counter() - start
+        out: list[int] = []
+        while True:
+            draft.eval(committed[draft.n_tokens :])
+            proposed: list[int] = []
+            while len(proposed) < min(N_DRAFT_MAX, max_new_tokens - len(out) - 1):
+                logits = _last_logits(draft)
+                token = int(np.argmax(logits))
+                if 1.0 / np.exp(logits - logits[token]).sum() < DRAFT_P_MIN:
+                    break
+                proposed.append(token)
+                draft.eval([token])
+            base = target.n_tokens  # every committed token but the last
+            target.eval([committed[-1]] + proposed)
+            choices = [int(np.argmax(row)) for row in target.scores[base : base + len(proposed) + 1]]
+            accepted = 0
+            while accepted < len(proposed) and proposed[accepted] == choices[accepted]:
+                accepted += 1
+            for token in proposed[:accepted] + [choices[accepted]]:
+                out.append(token)
+                committed.append(token)
+                if token in self.stop_tokens or len(out) >= max_new_tokens:
+                    return RunResult(out, prefill_seconds=prefill)
+            _truncate(target, len(committed) - 1)
+            _truncate(draft, min(draft.n_tokens, len(committed) - 1))
+
+
+def _last_logits(llm) -> np.ndarray:
+    """The logits after the last evaluated token (a model built without logits_all keeps no scores)."""
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+
+def _truncate(llm, length: int) -> None:
+    """Keep the first `length` tokens of the context (KV cache included)."""
+    if llm.n_tokens > length:
+        llm._ctx.kv_cache_seq_rm(-1, length, -1)
+        llm.n_tokens = length
