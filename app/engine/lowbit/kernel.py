@@ -13,8 +13,11 @@ import torch
 from .packing import PackedWeight, dequantize, reference_linear
 
 SOURCE = Path(__file__).with_name("kernel.cpp")
-# What the kernel's instructions need; -ffp-contract=off keeps each float step as written.
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-ffp-contract=off"]
+# What the kernel's instructions need; -ffp-contract=off keeps each float step as written;
+# -fopenmp makes at::parallel_for split the work over torch's threads (without it the header
+# template runs serially), and the library binds to the libgomp torch has already loaded.
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-ffp-contract=off",
+         "-fopenmp"]
 
 
 def cpu_flags() -> set[str]:
@@ -49,7 +52,8 @@ def _build():
     folder.mkdir(parents=True, exist_ok=True)
     try:
         module = cpp_extension.load(
-            name="specchat_lowbit", sources=[str(SOURCE)], extra_cflags=FLAGS, build_directory=str(folder),
+            name="specchat_lowbit", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
             verbose=False,
         )
     except Exception as error:  # no compiler, no headers, no ninja: the reference path still works
