@@ -151,13 +151,17 @@ def test_a_float_folder_loads_quantized_on_request(tmp_path, tiny_target):
     assert four.memory_bytes < 0.3 * fp32.memory_bytes
 
 
-def test_lean_decoder_matches_transformers_forward(low_bit_target):
+@pytest.mark.parametrize("hidden", [32, 64])  # 64: q/k/v and gate/up fuse into one call each
+def test_lean_decoder_matches_transformers_forward(hidden):
     """The lean pass runs the same modules as transformers' forward, cache and rollback included."""
     from app.engine.cached_model import CachedModel, cached
     from app.engine.lean_decoder import LeanDecoder
 
-    lean, reference = cached(low_bit_target.model), CachedModel(low_bit_target.model)
+    float_model = tiny_model(seed=5, hidden=hidden)
+    model = quantize_model(float_model.model, 8)
+    lean, reference = cached(model), CachedModel(model)
     assert isinstance(lean, LeanDecoder)
+    assert all(fused is not None for fused in lean.qkv + lean.gate_up) == (hidden == 64)
     for model in (lean, reference):
         model.forward(torch.tensor([4, 8, 15, 16]), keep=1)
     steps = [(torch.tensor([23, 42, 7]), 3), (torch.tensor([9]), 1), (torch.tensor([1, 2, 3, 4, 5, 6]), 6)]

@@ -139,6 +139,7 @@ def run_speed(args: argparse.Namespace) -> dict:
     draft = load_model(args.draft, device, dtype, progress=stage, precision=args.draft_precision, packed_linear=packed)
     target = load_model(args.target, device, dtype, progress=stage, precision=args.precision, packed_linear=packed)
     engine = SpeculativeEngine(target, draft)
+    rss_after_load = _rss_bytes()  # before HF's copies and the peer's models join the process
     rows = read_jsonl(args.data, args.limit)
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": row["question"]}]) for row in rows]
 
@@ -200,7 +201,7 @@ def run_speed(args: argparse.Namespace) -> dict:
             "proposer": args.proposer, "peer": peer_note,
         },
         "memory": {"target_bytes": target.memory_bytes, "draft_bytes": draft.memory_bytes,
-                   "process_rss_bytes": _rss_bytes()},
+                   "process_rss_after_load_bytes": rss_after_load},
         "verify_cost_ms": curve,
         "draft_cost_ms": draft_curve,
         "modes": summaries,
@@ -250,7 +251,7 @@ def format_table(result: dict) -> str:
                  f"draft: {result['draft_cost_ms']}")
     lines.append(f"memory: target {memory['target_bytes'] / 2**30:.2f} GiB ({result['config']['precision']}), "
                  f"draft {memory['draft_bytes'] / 2**30:.2f} GiB ({result['config']['draft_precision']}), "
-                 f"process RSS {memory['process_rss_bytes'] / 2**30:.2f} GiB")
+                 f"process RSS after loading both {memory['process_rss_after_load_bytes'] / 2**30:.2f} GiB")
     if result["config"].get("peer"):
         lines.append(f"peer: {result['config']['peer']}")
     return "\n".join(lines)

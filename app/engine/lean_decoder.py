@@ -12,6 +12,9 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from .lowbit import kernel
+from .lowbit.modules import fuse
+
 SUPPORTED = {"qwen2", "llama"}
 
 
@@ -31,6 +34,9 @@ class LeanDecoder:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        # q/k/v and gate/up as one kernel call each where their formats agree (None: separate)
+        self.qkv = [fuse([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in model.model.layers)]
+        self.gate_up = [fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in model.model.layers]
         self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
         self.reset()
@@ -68,10 +74,15 @@ class LeanDecoder:
         mask = None if n == 1 else (torch.arange(end, device=self.device)[None, :] <= positions.view(n, 1))
         for index, layer in enumerate(decoder.layers):
             attention = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attention.q_proj(x).view(1, n, self.heads, self.head_dim).transpose(1, 2)
-            k = attention.k_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attention.v_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            x = _rms_norm(layer.input_layernorm, hidden)
+            if self.qkv[index] is not None:
+                q, k, v = self.qkv[index](x).split(
+                    [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+            else:
+                q, k, v = attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)
+            q = q.reshape(1, n, self.heads, self.head_dim).transpose(1, 2)
+            k = k.reshape(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.reshape(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             self.keys[index][:, :, start:end] = k
             self.values[index][:, :, start:end] = v
@@ -80,7 +91,17 @@ class LeanDecoder:
                 scale=attention.scaling, enable_gqa=self.kv_heads != self.heads,
             )
             hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            x = _rms_norm(layer.post_attention_layernorm, hidden)
+            if self.gate_up[index] is not None:
+                gate, up = self.gate_up[index](x).chunk(2, dim=-1)
+                hidden = hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            else:
+                hidden = hidden + layer.mlp(x)
         self.length = end
-        logits = self.model.lm_head(decoder.norm(hidden[:, -keep:]))
+        logits = self.model.lm_head(_rms_norm(decoder.norm, hidden[:, -keep:]))
         return logits[0, :, : self.vocab_width].float()
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """One pass instead of the module's six tensor ops (float32 throughout, as the module computes)."""
+    return kernel.rms_norm(x, norm.weight, norm.variance_epsilon)

@@ -228,7 +228,26 @@ torch::Tensor rows(torch::Tensor ids, torch::Tensor q, torch::Tensor scale, torc
   return out;
 }
 
+// RMSNorm of each row: x [M, D] float32 -> x / sqrt(mean(x^2) + eps) * weight. One pass per row
+// instead of six tensor ops (their dispatch costs more than the arithmetic at decoding sizes).
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  x = x.contiguous();
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  torch::Tensor out = torch::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < d; ++i) sum += static_cast<double>(src[r * d + i]) * src[r * d + i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(sum / d + eps));
+    for (int64_t i = 0; i < d; ++i) dst[r * d + i] = src[r * d + i] * scale * w[i];
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension");
   m.def("linear", &linear, "low-bit linear: x [M, K] float32 -> [M, N] float32");
   m.def("rows", &rows, "dequantized weight rows for output indices");
 }

@@ -85,3 +85,11 @@ def dequantize_rows(ids: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     position = {int(t): i for i, t in enumerate(tiles)}
     local = torch.tensor([position[int(i) // 16] * 16 + int(i) % 16 for i in ids.flatten()], dtype=torch.long)
     return dequantize(part)[local]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] float32 -> RMS-normalised rows times weight [D]."""
+    module = native()
+    if module is None or x.dtype != torch.float32 or weight.dtype != torch.float32:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    return module.rms_norm(x, weight, eps)

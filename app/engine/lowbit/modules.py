@@ -67,3 +67,26 @@ def quantize_model(model: nn.Module, bits: int, group: int = 32) -> nn.Module:
             elif isinstance(child, nn.Embedding) and child.embedding_dim % group == 0:
                 setattr(parent, name, LowBitEmbedding(packed_of(child.weight)))
     return model
+
+
+def fuse(linears: list[nn.Module]) -> LowBitLinear | None:
+    """One low-bit linear computing several that read the same input (q/k/v, gate/up), or None
+    when they differ in format. The originals are re-pointed at slices of the fused weight, so
+    the weights stay in memory once."""
+    if not all(isinstance(m, LowBitLinear) for m in linears):
+        return None
+    if len({(m.bits, m.group, m.in_features) for m in linears}) != 1 or any(m.packed.out_features != m.out_features for m in linears):
+        return None
+    packed = [m.packed for m in linears]
+    fused = PackedWeight(*(torch.cat([getattr(p, name) for p in packed]) for name in ("q", "scale", "min")),
+                         bits=packed[0].bits, group=packed[0].group)
+    biases = [m.bias for m in linears]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b if b is not None else torch.zeros(m.out_features) for b, m in zip(biases, linears)])
+    start = 0
+    for module, part in zip(linears, packed):
+        tiles = part.scale.shape[0]
+        for name in ("q", "scale", "min"):
+            setattr(module, f"w_{name}", getattr(fused, name)[start : start + tiles])
+        start += tiles
+    return LowBitLinear(fused, bias)
