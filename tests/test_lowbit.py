@@ -170,3 +170,19 @@ def test_lean_decoder_matches_transformers_forward(hidden):
         assert torch.allclose(lean_logits, reference_logits, atol=1e-4, rtol=1e-4)
         for model in (lean, reference):
             model.rollback(model.length - 1)  # drop the last token, as a rejected draft
+
+
+def test_verified_rows_equal_rows_decoded_alone():
+    """The whole low-bit target is batch invariant: logits of tokens verified together are
+    bit-identical to decoding them one at a time. This is what keeps greedy speculative output
+    equal to plain output even on near-ties."""
+    from app.engine.cached_model import cached
+
+    model = quantize_model(tiny_model(seed=6, hidden=64).model, 4)
+    together, alone = cached(model), cached(model)
+    prompt, tokens = torch.tensor([3, 9, 27, 81 % 96, 50]), torch.tensor([11, 22, 33, 44, 55, 66])
+    together.forward(prompt, keep=1)
+    alone.forward(prompt, keep=1)
+    verified = together.forward(tokens, keep=len(tokens))
+    decoded = torch.cat([alone.forward(tokens[i : i + 1], keep=1) for i in range(len(tokens))])
+    assert torch.equal(verified, decoded)

@@ -60,6 +60,25 @@ class LeanDecoder:
             new[:, :, : self.length] = old[:, :, : self.length]
         self.keys, self.values = grown[:layers], grown[layers:]
 
+    def _attention(self, q: torch.Tensor, index: int, start: int, mask: torch.Tensor | None, scale: float,
+                   exact_rows: bool) -> torch.Tensor:
+        """q [1, heads, n, head_dim] over the cached keys -> [1, heads, n, head_dim].
+
+        exact_rows: each query row is computed by the very call that decodes it alone (one query
+        over the keys up to it), so a verified token gets bit-identical attention to plain
+        decoding. One batched call instead would change the reduction order with the batch's
+        shape, and a near-tie could then flip a greedy token."""
+        keys, values, gqa = self.keys[index], self.values[index], self.kv_heads != self.heads
+        n = q.shape[2]
+        if not exact_rows or n == 1:
+            end = start + n
+            return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                                                  scale=scale, enable_gqa=gqa)
+        rows = [F.scaled_dot_product_attention(q[:, :, i : i + 1], keys[:, :, : start + i + 1],
+                                               values[:, :, : start + i + 1], scale=scale, enable_gqa=gqa)
+                for i in range(n)]
+        return torch.cat(rows, dim=2)
+
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, keep: int) -> torch.Tensor:
         """token_ids [n] long, appended to the cache -> logits [keep, V] float32 of the last positions."""
@@ -70,8 +89,10 @@ class LeanDecoder:
         hidden = decoder.embed_tokens(token_ids.view(1, n).to(self.device)).float()  # [1, n, hidden]
         positions = torch.arange(start, end, device=self.device).view(1, n)
         cos, sin = decoder.rotary_emb(hidden, positions)
-        # n new queries over `end` keys: query i sees keys up to start + i (None: one query sees all)
-        mask = None if n == 1 else (torch.arange(end, device=self.device)[None, :] <= positions.view(n, 1))
+        # n new queries over `end` keys: query i sees keys up to start + i (None: one query sees all).
+        # Rows whose logits are kept (a verification) get their attention one by one, exactly as
+        # plain decoding computes it; a prefill keeps one row and runs batched.
+        mask = None if n == 1 or keep > 1 else (torch.arange(end, device=self.device)[None, :] <= positions.view(n, 1))
         for index, layer in enumerate(decoder.layers):
             attention = layer.self_attn
             x = _rms_norm(layer.input_layernorm, hidden)
@@ -86,10 +107,7 @@ class LeanDecoder:
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             self.keys[index][:, :, start:end] = k
             self.values[index][:, :, start:end] = v
-            out = F.scaled_dot_product_attention(
-                q, self.keys[index][:, :, :end], self.values[index][:, :, :end], attn_mask=mask,
-                scale=attention.scaling, enable_gqa=self.kv_heads != self.heads,
-            )
+            out = self._attention(q, index, start, mask, attention.scaling, exact_rows=keep > 1)
             hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))
             x = _rms_norm(layer.post_attention_layernorm, hidden)
             if self.gate_up[index] is not None:

@@ -90,3 +90,4 @@ def fuse(linears: list[nn.Module]) -> LowBitLinear | None:
             setattr(module, f"w_{name}", getattr(fused, name)[start : start + tiles])
         start += tiles
     return LowBitLinear(fused, bias)
+
