@@ -168,24 +168,26 @@ def run_speed(args: argparse.Namespace) -> dict:
         run(prompts[0], 8)
     totals = {name: ModeTotals() for name in modes}
     per_prompt = []
-    identical = True
     with tqdm(total=len(prompts) * len(modes), desc="bench speed", unit="run") as bar:
         for index, prompt in enumerate(prompts):
             record = {"index": index, "prompt_tokens": len(prompt), "modes": {}}
-            reference = None
+            outputs = {}
             for name, run in modes.items():  # interleaved, so machine noise hits all modes alike
                 bar.set_postfix_str(f"prompt {index + 1} {name}")
                 start = time.perf_counter()
                 result = run(prompt, args.max_new_tokens)
                 seconds = time.perf_counter() - start
-                reference = result.ids if reference is None else reference
-                same = result.ids == reference
-                if not name.startswith("llama.cpp"):  # another engine's numerics: compared, not required
-                    identical &= same
+                outputs[name] = result.ids
                 totals[name].add(result, seconds, len(prompt))
-                record["modes"][name] = {"tokens": len(result.ids), "seconds": round(seconds, 3), "identical": same}
-                bar.update()
+                record["modes"][name] = {"tokens": len(result.ids), "seconds": round(seconds, 3),
+                                         "same_as_plain": result.ids == outputs["plain"]}
+            if "llama.cpp_plain" in outputs:  # is llama.cpp's speculation lossless against its own plain?
+                record["modes"]["llama.cpp_speculative"]["same_as_llama_plain"] = (
+                    outputs["llama.cpp_speculative"] == outputs["llama.cpp_plain"])
             per_prompt.append(record)
+            bar.update(len(modes))
+    agreement = {name: sum(r["modes"][name]["same_as_plain"] for r in per_prompt) for name in modes}
+    identical = agreement["speculative"] == len(prompts)
 
     summaries = {name: total.summary() for name, total in totals.items()}
     speed = {name: total.tokens_per_s for name, total in totals.items()}
@@ -211,7 +213,10 @@ def run_speed(args: argparse.Namespace) -> dict:
         "best_hf_assisted": best_hf,
         "decode_speedup_vs_llama_cpp_plain": round(decode["speculative"] / decode["llama.cpp_plain"], 3)
         if decode.get("llama.cpp_plain") else None,
-        "identical": identical,
+        "identical": identical,  # ours: speculative == plain greedy on every prompt
+        "prompts_matching_our_plain": agreement,
+        "llama_cpp_speculative_matching_its_plain": sum(
+            r["modes"]["llama.cpp_speculative"]["same_as_llama_plain"] for r in per_prompt) if "llama.cpp_plain" in modes else None,
     }
     print(format_table(result))
     if args.json:
@@ -247,6 +252,11 @@ def format_table(result: dict) -> str:
     memory = result["memory"]
     lines.append(f"\nspeedup vs plain: {result['speedup_vs_plain']:.2f}x{versus_hf}{versus_llama}; "
                  f"identical: {str(result['identical']).lower()}")
+    total = result["config"]["limit"]
+    lines.append("prompts whose output equals our plain greedy output: " + ", ".join(
+        f"{name} {count}/{total}" for name, count in result["prompts_matching_our_plain"].items())
+        + (f"; llama.cpp speculative equals llama.cpp plain on {result['llama_cpp_speculative_matching_its_plain']}/{total}"
+           if result.get("llama_cpp_speculative_matching_its_plain") is not None else ""))
     lines.append(f"verify cost, ms per target pass over n tokens: {result['verify_cost_ms']}; "
                  f"draft: {result['draft_cost_ms']}")
     lines.append(f"memory: target {memory['target_bytes'] / 2**30:.2f} GiB ({result['config']['precision']}), "

@@ -49,18 +49,20 @@ def quantize_linears_int8(model: nn.Module) -> nn.Module:
 
 
 def model_bytes(model: nn.Module) -> int:
-    """Bytes of weights, counting packed, quantized and tied tensors once each."""
+    """Bytes of weights: each storage once (tied weights, fused low-bit weights viewed by
+    several modules), packed oneDNN buffers and quantized tensors by their own size."""
     seen: set[int] = set()
 
     def size(value) -> int:
         if isinstance(value, torch.Tensor):
-            if value.is_mkldnn:
-                return value.numel() * value.element_size()
-            key = value.untyped_storage().data_ptr() if not value.is_quantized else id(value)
+            if value.is_mkldnn or value.is_quantized:
+                key, nbytes = id(value), value.numel() * value.element_size()
+            else:
+                key, nbytes = value.untyped_storage().data_ptr(), value.untyped_storage().nbytes()
             if key in seen:
                 return 0
             seen.add(key)
-            return value.numel() * value.element_size()
+            return nbytes
         if isinstance(value, (tuple, list)):
             return sum(size(v) for v in value)
         return 0
