@@ -12,7 +12,7 @@ from enum import Enum
 
 import torch
 
-from .cached_model import CachedModel, cached
+from .cached_model import cached
 from .loop import Limits, speculative_generate
 from .errors import EngineBusyError
 from .models import LoadedModel, check_compatible, shared_vocab_width
@@ -82,12 +82,10 @@ class SpeculativeEngine:
         """Time target passes over 1..17 tokens and a draft token once (about a second for the
         default pair), so the cost-aware policy chooses well from the first step; later steps
         refine the figures. Runs on first use when nobody called it after loading."""
-        context = torch.arange(32) % 64
         for n in (1, 2, 5, 9, 17):
-            self.costs.verify[n] = _timed(self._target, context, n)
+            self.costs.verify[n] = _timed(self._target, n)
         # without a draft model only prompt lookup drafts, at next to no cost
-        self.costs.draft_token = _timed(self._draft, context, 1) if self._draft is not None else 1e-5
-        self._target.reset()
+        self.costs.draft_token = _timed(self._draft, 1) if self._draft is not None else 1e-5
 
     def _proposer(self, options: GenerationOptions, generator: torch.Generator) -> Proposer:
         if not options.speculative:
@@ -99,14 +97,15 @@ class SpeculativeEngine:
         return DraftModelProposer(self._draft, options.sampling, generator)
 
 
-def _timed(model: CachedModel, context: torch.Tensor, n: int) -> float:
-    """Seconds of one pass over n new tokens after `context` (best of two)."""
+def _timed(model, n: int, context: int = 32) -> float:
+    """Seconds of one pass over n new tokens after `context` cached ones (best of two)."""
+    vocab = model.model.config.vocab_size
     best = float("inf")
     for _ in range(2):
         model.reset()
-        model.forward(context, keep=1)
+        model.forward(torch.arange(context) % vocab, keep=1)
         start = time.perf_counter()
-        model.forward(torch.arange(n) % 64, keep=n)
+        model.forward(torch.arange(n) % vocab, keep=n)
         if model.device.type == "cuda":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
