@@ -102,8 +102,11 @@ def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
     rows, k = x.shape
     grouped = x.reshape(rows, k // group, group)
     amax = grouped.abs().amax(dim=-1)
-    step = amax / 127
-    inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    # Tensor-by-tensor divisions, as the kernel computes them: torch turns `127 / amax` into
+    # `127 * (1 / amax)`, which rounds differently and can move a value to the next integer.
+    levels = torch.full_like(amax, 127.0)
+    step = amax / levels
+    inverse = torch.where(amax > 0, levels / amax, torch.zeros_like(amax))
     q = torch.round(grouped * inverse[..., None])
     return q.to(torch.int8).reshape(rows, k), step, step * q.sum(dim=-1)
 
