@@ -31,9 +31,9 @@ def make_window(qtbot, tmp_path, tiny_models):
                             load=lambda source, device, dtype, report, **_: tiny_models[source])
         qtbot.addWidget(window)
         window.show()
-        if window.engine is None:
-            qtbot.waitSignal(window.models_ready, timeout=10_000).__enter__()
-            qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
+        # (A waitSignal blocker entered and never exited stayed connected after it was collected,
+        # and Qt then called into freed memory: a rare segfault during garbage collection.)
+        qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
         windows.append(window)
         return window
 
@@ -48,6 +48,12 @@ def send_and_wait(qtbot, window, text="hello there"):
         window.composer.setPlainText(text)
         window.send_button.click()
     return window.conversation.messages[-1]
+
+
+def wait_until_streaming(qtbot, window):
+    """Poll on the UI thread: the worker's step signal is emitted on a Python thread, and a test
+    blocker connected to it directly would run there, racing the UI thread (a rare segfault)."""
+    qtbot.waitUntil(lambda: window.builder is not None and bool(window.builder.message().tokens), timeout=10_000)
 
 
 def token_fragments(window):
@@ -122,9 +128,9 @@ def test_k_and_adaptive_reach_the_engine(qtbot, make_window, monkeypatch):
 def test_stop_cancels_generation(qtbot, make_window):
     window = make_window(max_new_tokens=5000)
     window.composer.setPlainText("go on forever")
+    window.send_button.click()
+    wait_until_streaming(qtbot, window)
     with qtbot.waitSignal(window.answer_finished, timeout=30_000):
-        with qtbot.waitSignal(window.worker.step, timeout=10_000):
-            window.send_button.click()
         window.stop_button.click()
     answer = window.conversation.messages[-1]
     assert answer.stats["finish"] == "cancelled"
@@ -169,8 +175,8 @@ def test_compare_reports_identical_greedy_texts(qtbot, make_window):
 def test_closing_during_generation_keeps_the_partial_answer(qtbot, make_window, tmp_path):
     window = make_window(max_new_tokens=5000)
     window.composer.setPlainText("long answer please")
-    with qtbot.waitSignal(window.worker.step, timeout=10_000):
-        window.send_button.click()
+    window.send_button.click()
+    wait_until_streaming(qtbot, window)
     window.close()
     store = ChatStore(tmp_path / "chats.sqlite3")
     saved = store.load_chat(window.conversation.id).messages

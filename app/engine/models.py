@@ -28,7 +28,7 @@ from . import default_models
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import ModelError
 from .lowbit import store as lowbit_store
-from .lowbit.kernel import why_not_native
+from .lowbit.kernel import build_in_background, why_not_native
 from .lowbit.loader import load_gguf_lowbit
 from .lowbit.modules import quantize_model
 
@@ -99,6 +99,7 @@ def load_model(
     name = packaged.name if packaged else Path(source).name or source
     try:
         if on_cpu and precision.low_bit:
+            build_in_background()  # compiles (first start only) while the weights load
             model, tokenizer = _load_low_bit(source, packaged, precision, report)
             kernel_note = "" if why_not_native() is None else f", slow path: {why_not_native()}"
             return LoadedModel(name, model, tokenizer, f"{precision.value}{kernel_note}")

@@ -65,8 +65,9 @@ class ControlsPanel(QWidget):
         self.k.setValue(DEFAULTS.k)
         self.adaptive = QCheckBox("Adaptive k")
         self.adaptive.setChecked(DEFAULTS.adaptive)
-        self.adaptive.setToolTip("Starts at k, lengthens after full acceptance, shortens after early rejection,\n"
-                                 "and stops drafting when the draft's confidence falls below 0.5")
+        self.adaptive.setToolTip("Cost-aware: each step drafts the length (up to 16, or none) that maximises the\n"
+                                 "expected tokens per second from the measured draft and target costs and the\n"
+                                 "acceptance so far; the draft also stops when its confidence falls below 0.5")
         self.proposer = QComboBox()
         self.proposer.addItem("Draft model", ProposerKind.DRAFT_MODEL)
         self.proposer.addItem("Prompt lookup (n-gram)", ProposerKind.PROMPT_LOOKUP)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -29,7 +30,9 @@ def cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
-@functools.cache
+_BUILD_LOCK = threading.Lock()  # one build at a time; later callers get the cached result
+
+
 def native():
     """The compiled module, or None with the reason in `why_not_native()`."""
     return _build()[0]
@@ -39,8 +42,19 @@ def why_not_native() -> str | None:
     return _build()[1]
 
 
-@functools.cache
+def build_in_background() -> None:
+    """Start compiling (or loading) the kernel on a side thread, so that a first start repacks
+    the models and compiles at the same time; a caller that needs the kernel meanwhile waits."""
+    threading.Thread(target=native, name="specchat-kernel-build", daemon=True).start()
+
+
 def _build():
+    with _BUILD_LOCK:
+        return _build_once()
+
+
+@functools.cache
+def _build_once():
     if os.environ.get("SPECCHAT_NO_NATIVE_KERNEL"):
         return None, "disabled by SPECCHAT_NO_NATIVE_KERNEL"
     missing = {"avx512f", "avx512bw", "avx512_vnni"} - cpu_flags()
@@ -53,8 +67,7 @@ def _build():
     try:
         module = cpp_extension.load(
             name="specchat_lowbit", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-            build_directory=str(folder),
-            verbose=False,
+            build_directory=str(folder), verbose=False,
         )
     except Exception as error:  # no compiler, no headers, no ninja: the reference path still works
         reason = f"could not build the C++ kernel ({str(error).strip().splitlines()[-1] if str(error) else error})"
