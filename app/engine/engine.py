@@ -13,8 +13,8 @@ from enum import Enum
 import torch
 
 from .cached_model import cached
-from .loop import Limits, speculative_generate
 from .errors import EngineBusyError
+from .loop import Limits, speculative_generate
 from .models import LoadedModel, check_compatible, shared_vocab_width
 from .policy import CostAwareK, CostModel, FixedK
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
