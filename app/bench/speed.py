@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from ..chat.prompt import chat_prompt_ids
-from ..engine.cached_model import cached as cached_forward
+from ..engine.cached_model import cached as cached_forward, pass_seconds
 from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.models import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
@@ -116,19 +116,8 @@ def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
 def verify_cost_curve(model: LoadedModel, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3) -> dict:
     """Milliseconds of one pass over n new tokens after `context` cached ones (best of `repeats`):
     speculation pays while verifying k+1 tokens costs about as much as one."""
-    cached = cached_forward(model.model)
-    prefix = torch.arange(1000, 1000 + context) % model.model.config.vocab_size
-    curve = {}
-    for n in sizes:
-        best = float("inf")
-        for _ in range(repeats):
-            cached.reset()
-            cached.forward(prefix, keep=1)
-            start = time.perf_counter()
-            cached.forward(torch.arange(2000, 2000 + n) % model.model.config.vocab_size, keep=n)
-            best = min(best, time.perf_counter() - start)
-        curve[n] = round(best * 1000, 2)
-    return curve
+    forward = cached_forward(model.model)
+    return {n: round(pass_seconds(forward, n, context, repeats) * 1000, 2) for n in sizes}
 
 
 def run_speed(args: argparse.Namespace) -> dict:

@@ -1,6 +1,8 @@
 """A causal LM with its KV cache; rollback is cropping the cache to a committed length."""
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -45,3 +47,20 @@ def cached(model: PreTrainedModel, vocab_width: int | None = None):
     if lean_decoder.supports(model) and any(isinstance(m, LowBitLinear) for m in model.modules()):
         return lean_decoder.LeanDecoder(model, vocab_width)
     return CachedModel(model, vocab_width)
+
+
+def pass_seconds(model, n: int, context: int = 32, repeats: int = 2) -> float:
+    """Seconds of one cached forward over n new tokens after `context` cached ones (best of
+    `repeats`); the cache is left empty."""
+    vocab = model.model.config.vocab_size
+    best = float("inf")
+    for _ in range(repeats):
+        model.reset()
+        model.forward(torch.arange(context) % vocab, keep=1)
+        start = time.perf_counter()
+        model.forward(torch.arange(n) % vocab, keep=n)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    model.reset()
+    return best

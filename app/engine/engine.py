@@ -5,14 +5,13 @@ One request at a time: each model has a single KV cache.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
 
-from .cached_model import cached
+from .cached_model import cached, pass_seconds
 from .errors import EngineBusyError
 from .loop import Limits, speculative_generate
 from .models import LoadedModel, check_compatible, shared_vocab_width
@@ -83,9 +82,9 @@ class SpeculativeEngine:
         default pair), so the cost-aware policy chooses well from the first step; later steps
         refine the figures. Runs on first use when nobody called it after loading."""
         for n in (1, 2, 5, 9, 17):
-            self.costs.verify[n] = _timed(self._target, n)
+            self.costs.verify[n] = pass_seconds(self._target, n)
         # without a draft model only prompt lookup drafts, at next to no cost
-        self.costs.draft_token = _timed(self._draft, 1) if self._draft is not None else 1e-5
+        self.costs.draft_token = pass_seconds(self._draft, 1) if self._draft is not None else 1e-5
 
     def _proposer(self, options: GenerationOptions, generator: torch.Generator) -> Proposer:
         if not options.speculative:
@@ -96,18 +95,3 @@ class SpeculativeEngine:
             raise ValueError("speculation with a draft model needs a draft model; load one or use prompt lookup")
         return DraftModelProposer(self._draft, options.sampling, generator)
 
-
-def _timed(model, n: int, context: int = 32) -> float:
-    """Seconds of one pass over n new tokens after `context` cached ones (best of two)."""
-    vocab = model.model.config.vocab_size
-    best = float("inf")
-    for _ in range(2):
-        model.reset()
-        model.forward(torch.arange(context) % vocab, keep=1)
-        start = time.perf_counter()
-        model.forward(torch.arange(n) % vocab, keep=n)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    model.reset()
-    return best
