@@ -7,6 +7,8 @@ rollback is setting the cache length. Models of other architectures keep transfo
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -34,9 +36,7 @@ class LeanDecoder:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        # q/k/v and gate/up as one kernel call each where their formats agree (None: separate)
-        self.qkv = [fuse([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in model.model.layers)]
-        self.gate_up = [fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in model.model.layers]
+        self.qkv, self.gate_up = fused_projections(model)
         self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
         self.reset()
@@ -118,6 +118,20 @@ class LeanDecoder:
         self.length = end
         logits = self.model.lm_head(_rms_norm(decoder.norm, hidden[:, -keep:]))
         return logits[0, :, : self.vocab_width].float()
+
+
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def fused_projections(model: nn.Module) -> tuple[list, list]:
+    """Per layer, q/k/v and gate/up as one kernel call each where their formats agree (None:
+    separate calls). Made once per model: every engine on the model shares them, and the weights
+    stay in memory once (the original modules view slices of the fused ones)."""
+    if model not in _FUSED:
+        layers = model.model.layers
+        _FUSED[model] = ([fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]) for layer in layers],
+                         [fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers])
+    return _FUSED[model]
 
 
 def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
