@@ -175,14 +175,10 @@ class MainWindow(QMainWindow):
         s, c = self.settings, self.controls
         for source in s.value("extra_models", [], list) or []:
             c.add_source(Path(source).name or source, source)
-        for combo, key in ((c.target, "target"), (c.draft, "draft")):
-            index = combo.findData(s.value(key, combo.currentData()))
-            combo.blockSignals(True)
-            combo.setCurrentIndex(max(index, 0))
-            combo.blockSignals(False)
         # Unset keys keep the controls' own values, which are the shared defaults.
-        for combo, key in ((c.precision, "precision"), (c.draft_precision, "draft_precision")):
-            combo.blockSignals(True)
+        for combo, key in ((c.target, "target"), (c.draft, "draft"), (c.precision, "precision"),
+                           (c.draft_precision, "draft_precision")):
+            combo.blockSignals(True)  # one model load after all of them, not one per combo
             combo.setCurrentIndex(max(combo.findData(s.value(key, combo.currentData())), 0))
             combo.blockSignals(False)
         c.speculative.setChecked(s.value("speculative", c.speculative.isChecked(), bool))
