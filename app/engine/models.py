@@ -13,18 +13,17 @@ every model runs in bfloat16.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-import platformdirs
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from . import default_models
+from .cache import cache_root
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import ModelError
 from .lowbit import store as lowbit_store
@@ -71,7 +70,7 @@ class LoadedModel:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SPECCHAT_CACHE") or platformdirs.user_cache_dir("specchat")) / "models"
+    return cache_root() / "models"
 
 
 def pick_device() -> tuple[torch.device, torch.dtype, str]:

@@ -8,9 +8,9 @@ import threading
 import warnings
 from pathlib import Path
 
-import platformdirs
 import torch
 
+from ..cache import cache_root
 from .packing import PackedWeight, dequantize, reference_linear
 
 SOURCE = Path(__file__).with_name("kernel.cpp")
@@ -62,7 +62,7 @@ def _build_once():
         return None, f"this CPU lacks {', '.join(sorted(missing))}"
     from torch.utils import cpp_extension
 
-    folder = Path(os.environ.get("SPECCHAT_CACHE") or platformdirs.user_cache_dir("specchat")) / "kernels"
+    folder = cache_root() / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     try:
         module = cpp_extension.load(
