@@ -2,8 +2,9 @@
 
 transformers' forward builds masks, cache objects and output records on every call: about
 20 ms per token on 2 CPU cores for the default pair, as much as a low-bit draft's arithmetic.
-This pass runs the same modules (norms, projections, rotary embedding, MLP) in a plain loop;
-rollback is setting the cache length. Models of other architectures keep transformers' path.
+With the C++ kernel the whole layer stack is one call (lowbit/decoder.cpp); without it the same
+layers run as a plain loop over the model's modules. Rollback is setting the cache length.
+Models of other architectures keep transformers' path.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .lowbit import kernel
-from .lowbit.modules import fuse
+from .lowbit.modules import LowBitLinear, fuse
 
 SUPPORTED = {"qwen2", "llama"}
 
@@ -23,7 +24,7 @@ SUPPORTED = {"qwen2", "llama"}
 def supports(model: nn.Module) -> bool:
     config = model.config
     return (config.model_type in SUPPORTED and not getattr(config, "use_sliding_window", False)
-            and getattr(config, "pretraining_tp", 1) == 1 and hasattr(model, "model")
+            and getattr(config, "pretraining_tp", 1) == 1 and config.hidden_act == "silu" and hasattr(model, "model")
             and hasattr(model.model, "rotary_emb"))
 
 
@@ -37,6 +38,7 @@ class LeanDecoder:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.qkv, self.gate_up = fused_projections(model)
+        self.stack = native_stack(model)  # None: the Python loop runs the layers
         self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
         self.reset()
@@ -89,10 +91,25 @@ class LeanDecoder:
         hidden = decoder.embed_tokens(token_ids.view(1, n).to(self.device)).float()  # [1, n, hidden]
         positions = torch.arange(start, end, device=self.device).view(1, n)
         cos, sin = decoder.rotary_emb(hidden, positions)
+        if self.stack is not None:
+            hidden = self.stack.forward(hidden[0], [k[0] for k in self.keys], [v[0] for v in self.values],
+                                        cos[0], sin[0], start)[None]
+        else:
+            hidden = self._layers(hidden, cos, sin, start, keep)
+        self.length = end
+        logits = self.model.lm_head(_rms_norm(decoder.norm, hidden[:, -keep:]))
+        return logits[0, :, : self.vocab_width].float()
+
+    def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, keep: int) -> torch.Tensor:
+        """hidden [1, n, D] through every layer in Python (no C++ kernel), writing the cache."""
+        decoder = self.model.model
+        n = hidden.shape[1]
+        end = start + n
+        positions = torch.arange(start, end, device=self.device).view(n, 1)
         # n new queries over `end` keys: query i sees keys up to start + i (None: one query sees all).
         # Rows whose logits are kept (a verification) get their attention one by one, exactly as
         # plain decoding computes it; a prefill keeps one row and runs batched.
-        mask = None if n == 1 or keep > 1 else (torch.arange(end, device=self.device)[None, :] <= positions.view(n, 1))
+        mask = None if n == 1 or keep > 1 else (torch.arange(end, device=self.device)[None, :] <= positions)
         for index, layer in enumerate(decoder.layers):
             attention = layer.self_attn
             x = _rms_norm(layer.input_layernorm, hidden)
@@ -115,12 +132,43 @@ class LeanDecoder:
                 hidden = hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
             else:
                 hidden = hidden + layer.mlp(x)
-        self.length = end
-        logits = self.model.lm_head(_rms_norm(decoder.norm, hidden[:, -keep:]))
-        return logits[0, :, : self.vocab_width].float()
+        return hidden
 
 
 _FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def native_stack(model: nn.Module):
+    """The C++ layer stack over the model's packed weights (shared, never copied), or None when
+    the kernel is not built or a projection is not low-bit."""
+    module = kernel.native()
+    if module is None:
+        return None
+    if model not in _STACKS:
+        qkv, gate_up = fused_projections(model)
+        config, layers = model.config, []
+        for index, layer in enumerate(model.model.layers):
+            attention, mlp = layer.self_attn, layer.mlp
+            parts = {
+                "qkv": [qkv[index]] if qkv[index] is not None else [attention.q_proj, attention.k_proj, attention.v_proj],
+                "output": attention.o_proj,
+                "gate_up": [gate_up[index]] if gate_up[index] is not None else [mlp.gate_proj, mlp.up_proj],
+                "down": mlp.down_proj,
+            }
+            if not all(isinstance(m, LowBitLinear) for m in [*parts["qkv"], parts["output"], *parts["gate_up"], parts["down"]]):
+                _STACKS[model] = None
+                return None
+            to_native = lambda m: module.Projection(m.w_q, m.w_scale, m.w_min, m.bias, m.group, m.bits, m.out_features)
+            layers.append(module.Layer(
+                layer.input_layernorm.weight.float(), layer.post_attention_layernorm.weight.float(),
+                [to_native(m) for m in parts["qkv"]], to_native(parts["output"]),
+                [to_native(m) for m in parts["gate_up"]], to_native(parts["down"])))
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        _STACKS[model] = module.LayerStack(layers, heads, config.num_key_value_heads, head_dim,
+                                           model.model.layers[0].self_attn.scaling, config.rms_norm_eps)
+    return _STACKS[model]
 
 
 def fused_projections(model: nn.Module) -> tuple[list, list]:

@@ -12,7 +12,8 @@
 //   min    fp16   [N/16, K/G, 16]
 // A 32-bit lane of a 64-byte vector holds 4 consecutive inputs of one output, so one VNNI
 // instruction advances 16 outputs by 4 inputs against 4 broadcast activation bytes.
-#include <torch/extension.h>
+#include "kernel.h"
+
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -247,7 +248,10 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension");
-  m.def("linear", &linear, "low-bit linear: x [M, K] float32 -> [M, N] float32");
-  m.def("rows", &rows, "dequantized weight rows for output indices");
+  // The GIL is released while a call runs: the window's thread keeps painting during a pass.
+  using release = py::call_guard<py::gil_scoped_release>;
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension", release());
+  m.def("linear", &linear, "low-bit linear: x [M, K] float32 -> [M, N] float32", release());
+  m.def("rows", &rows, "dequantized weight rows for output indices", release());
+  bind_decoder(m);
 }

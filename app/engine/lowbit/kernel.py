@@ -13,7 +13,7 @@ import torch
 from ..cache import cache_root
 from .packing import PackedWeight, dequantize, reference_linear
 
-SOURCE = Path(__file__).with_name("kernel.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("kernel.cpp", "decoder.cpp")]
 # What the kernel's instructions need; -ffp-contract=off keeps each float step as written;
 # -fopenmp makes at::parallel_for split the work over torch's threads (without it the header
 # template runs serially), and the library binds to the libgomp torch has already loaded.
@@ -66,7 +66,7 @@ def _build_once():
     folder.mkdir(parents=True, exist_ok=True)
     try:
         module = cpp_extension.load(
-            name="specchat_lowbit", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+            name="specchat_lowbit", sources=[str(source) for source in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
             build_directory=str(folder), verbose=False,
         )
     except Exception as error:  # no compiler, no headers, no ninja: the reference path still works
