@@ -4,6 +4,7 @@ import pytest
 from PySide6.QtCore import QSettings, Qt
 
 from app.chat.store import ChatStore
+from app.engine.steps import FinishReason
 from app.engine.engine import ProposerKind, SpeculativeEngine
 from app.ui.main_window import MainWindow
 from app.ui.theme import LIGHT
@@ -53,7 +54,7 @@ def send_and_wait(qtbot, window, text="hello there"):
 def wait_until_streaming(qtbot, window):
     """Poll on the UI thread: the worker's step signal is emitted on a Python thread, and a test
     blocker connected to it directly would run there, racing the UI thread (a rare segfault)."""
-    qtbot.waitUntil(lambda: window.builder is not None and bool(window.builder.message().tokens), timeout=10_000)
+    qtbot.waitUntil(lambda: window.session.builder is not None and bool(window.session.builder.tokens), timeout=10_000)
 
 
 def token_fragments(window):
@@ -104,7 +105,7 @@ def test_speculation_off_gives_only_plain_tokens(qtbot, make_window):
     window.controls.speculative.setChecked(False)
     answer = send_and_wait(qtbot, window)
     assert {t.source for t in answer.tokens} == {"plain"}
-    assert answer.stats["mode"] == "plain" and answer.stats["drafted"] == 0
+    assert answer.stats.mode == "plain" and answer.stats.drafted == 0
 
 
 def test_k_and_adaptive_reach_the_engine(qtbot, make_window, monkeypatch):
@@ -117,7 +118,7 @@ def test_k_and_adaptive_reach_the_engine(qtbot, make_window, monkeypatch):
     window.controls.k.setValue(7)
     answer = send_and_wait(qtbot, window)
     assert seen[-1].k == 7 and not seen[-1].adaptive
-    assert max(answer.stats["accepted_lengths"]) <= 7
+    assert max(answer.stats.accepted_lengths) <= 7
     window.controls.adaptive.setChecked(True)
     window.controls.k.setValue(1)
     window.controls.proposer.setCurrentIndex(window.controls.proposer.findData(ProposerKind.PROMPT_LOOKUP))
@@ -133,8 +134,8 @@ def test_stop_cancels_generation(qtbot, make_window):
     with qtbot.waitSignal(window.answer_finished, timeout=30_000):
         window.stop_button.click()
     answer = window.conversation.messages[-1]
-    assert answer.stats["finish"] == "cancelled"
-    assert answer.stats["tokens"] < 5000
+    assert answer.stats.finish is FinishReason.CANCELLED
+    assert answer.stats.tokens < 5000
 
 
 def test_incompatible_draft_is_refused_with_a_message(qtbot, make_window):
@@ -170,6 +171,11 @@ def test_compare_reports_identical_greedy_texts(qtbot, make_window):
         window.compare_button.click()
     assert "identical" in window.acceptance.comparison.text()
     assert len([m for m in window.conversation.messages if m.role == "assistant"]) == 1
+    # the result is a card under the answer it compared, and saved with the chat
+    assert "Compare: speculative" in window.chat_view.toPlainText()
+    saved = ChatStore(window.store.path).load_chat(window.conversation.id).messages[-1]
+    assert saved.stats.comparison.identical and saved.stats.comparison.plain_tokens_per_s > 0
+    assert window.acceptance.fields["mode"].text().startswith("speculative")  # still the compared run
 
 
 def test_closing_during_generation_keeps_the_partial_answer(qtbot, make_window, tmp_path):
@@ -181,7 +187,7 @@ def test_closing_during_generation_keeps_the_partial_answer(qtbot, make_window, 
     store = ChatStore(tmp_path / "chats.sqlite3")
     saved = store.load_chat(window.conversation.id).messages
     assert [m.role for m in saved] == ["user", "assistant"]
-    assert saved[-1].stats["finish"] == "interrupted" and saved[-1].tokens
+    assert saved[-1].stats.finish is FinishReason.INTERRUPTED and saved[-1].tokens
 
 
 def test_added_model_with_another_vocabulary_is_flagged(qtbot, make_window, tmp_path):

@@ -8,15 +8,15 @@ import time
 
 import pytest
 
-from app.chat.conversation import Conversation, Message, TokenRecord
+from app.chat.conversation import AnswerStats, Conversation, Message, TokenRecord
 from app.chat.export import to_markdown
 from app.chat.store import ChatStore, StoreError
 
 
 def answer(text="Hello world", stats=None):
     tokens = [TokenRecord("Hello", "accepted", 0.9, 0.8), TokenRecord(" world", "corrected", 0.7, 0.1, replaced=" there")]
-    return Message("assistant", text, tokens, stats or {"mode": "speculative", "tokens": 2, "tokens_per_s": 3.0,
-                                                        "acceptance_rate": 0.5, "mean_accepted_length": 2.0})
+    return Message("assistant", text, tokens, stats or AnswerStats(mode="speculative", tokens=2, seconds=0.5,
+                                                                    drafted=2, accepted=1, target_passes=1))
 
 
 def test_round_trip_search_rename_delete(tmp_path):
@@ -44,18 +44,18 @@ def test_markdown_export():
     chat = Conversation(title="Greetings", messages=[Message("user", "say hello"), answer()])
     text = to_markdown(chat)
     assert text.startswith("# Greetings")
-    assert "**You:**" in text and "Hello world" in text and "acceptance 50%" in text
+    assert "**You:**" in text and "Hello world" in text and "acceptance 50%" in text and "mean accepted length 2.00" in text
 
 
 WRITER = textwrap.dedent("""
     import sys
-    from app.chat.conversation import Conversation, Message, TokenRecord
+    from app.chat.conversation import AnswerStats, Conversation, Message, TokenRecord
     from app.chat.store import ChatStore
     store = ChatStore(sys.argv[1])
     chat = Conversation(title="stress")
     tokens = [TokenRecord("x" * 50, "accepted", 0.5, 0.5)] * 400
     for i in range(100000):
-        store.add_message(chat, Message("assistant", f"message {i}", tokens, {"i": i}))
+        store.add_message(chat, Message("assistant", f"message {i}", tokens, AnswerStats(tokens=i)))
         print(i, flush=True)
 """)
 
@@ -77,7 +77,7 @@ def test_store_survives_a_kill_mid_write(tmp_path):
     messages = store.load_chat(chat_id).messages
     assert len(messages) >= done + 1  # every message reported as saved is there, whole
     assert all(len(m.tokens) == 400 for m in messages)
-    assert [m.stats["i"] for m in messages] == list(range(len(messages)))
+    assert [m.stats.tokens for m in messages] == list(range(len(messages)))
 
 
 def test_full_disk_is_a_clear_error_and_keeps_saved_messages(tmp_path):

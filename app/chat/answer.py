@@ -2,74 +2,77 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
 
-from ..engine.steps import Source, Stats, Step
-from .conversation import Message, TokenRecord
+from ..engine.steps import FinishReason, Source, Stats, Step
+from .conversation import AnswerStats, Message, TokenRecord
 from .detokenize import IncrementalDecoder
 
 
 class AnswerBuilder:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, mode: str) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, mode: str, prompt_tokens: int = 0,
+                 context_length: int = 0) -> None:
         self.tokenizer = tokenizer
-        self.mode = mode  # e.g. "speculative (draft model, k=4)" or "plain"
         self.decoder = IncrementalDecoder(tokenizer)
         self.tokens: list[TokenRecord] = []
-        self.acceptance_trace: list[float] = []  # running acceptance rate after each step
-        self.stats = Stats()
-        self.finish: str | None = None
+        self.stats = AnswerStats(mode=mode, context_used=prompt_tokens, context_length=context_length)
         self.started = time.perf_counter()
-        self.seconds = 0.0
+        self._pending: list[TokenRecord] = []  # tokens with no text yet, waiting for the next piece
 
     def add(self, step: Step) -> list[TokenRecord]:
-        """Adds one step; returns the records it created (tokens with no visible text are folded
-        into the next one, like the special stop token or half a multi-byte character)."""
+        """Adds one step; returns the records it created. A token with no visible text of its own
+        (half of a multi-byte character, a special token) is merged into the next token's
+        record, which keeps the most telling provenance of the two (corrected over bonus over
+        accepted), so a correction is never lost."""
         new = []
         for token in step.tokens:
             piece = self.decoder.push(token.id)
-            if not piece:
-                continue
             record = TokenRecord(piece, token.source.value, round(token.p_target, 4),
                                  None if token.p_draft is None else round(token.p_draft, 4))
             if token.source is Source.CORRECTED:
                 record.replaced = self._text([token.replaced])
                 record.rejected = self._text(step.rejected)
-            new.append(record)
+            if not piece:
+                self._pending.append(record)
+                continue
+            new.append(_merged(self._pending + [record]))
+            self._pending = []
         self.tokens += new
-        self.stats = step.stats
-        self.finish = step.finish or self.finish
-        self.seconds = time.perf_counter() - self.started
-        if step.stats.drafted:
-            self.acceptance_trace.append(round(step.stats.acceptance_rate, 4))
+        self._record(step.stats, step.finish)
         return new
+
+    def _record(self, stats: Stats, finish: FinishReason | None) -> None:
+        seconds = time.perf_counter() - self.started
+        old = self.stats
+        self.stats = replace(
+            old, tokens=stats.emitted, seconds=round(seconds, 3),
+            first_token_seconds=old.first_token_seconds if old.first_token_seconds is not None or not stats.emitted
+            else round(seconds, 3),
+            drafted=stats.drafted, accepted=stats.accepted, target_passes=stats.target_passes,
+            draft_seconds=round(stats.draft_seconds, 3), target_seconds=round(stats.target_seconds, 3),
+            accepted_lengths=stats.accepted_lengths,
+            acceptance_trace=old.acceptance_trace + ((round(stats.acceptance_rate, 4),) if stats.drafted else ()),
+            finish=finish or old.finish, token_ids=tuple(self.decoder.ids),
+            context_used=old.context_used - old.tokens + stats.emitted)
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.stats.emitted / self.seconds if self.seconds else 0.0
+    def message(self, finish: FinishReason | None = None) -> Message:
+        """The answer so far as a message (`finish` overrides, e.g. INTERRUPTED on close)."""
+        stats = self.stats if finish is None else replace(self.stats, finish=finish)
+        return Message(role="assistant", content=self.decoder.text, tokens=list(self.tokens), stats=stats)
 
-    def summary(self) -> dict:
-        stats = self.stats
-        return {
-            "mode": self.mode,
-            "tokens": stats.emitted,
-            "seconds": round(self.seconds, 3),
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "acceptance_rate": round(stats.acceptance_rate, 4),
-            "mean_accepted_length": round(stats.mean_accepted_length, 3),
-            "drafted": stats.drafted,
-            "accepted": stats.accepted,
-            "target_passes": stats.target_passes,
-            "draft_seconds": round(stats.draft_seconds, 3),
-            "target_seconds": round(stats.target_seconds, 3),
-            "accepted_lengths": list(stats.accepted_lengths),
-            "acceptance_trace": list(self.acceptance_trace),
-            "finish": self.finish,
-            "token_ids": list(self.decoder.ids),
-        }
 
-    def message(self) -> Message:
-        return Message(role="assistant", content=self.decoder.text, tokens=list(self.tokens), stats=self.summary())
+_TELLING = {Source.CORRECTED.value: 3, Source.BONUS.value: 2, Source.PLAIN.value: 1, Source.ACCEPTED.value: 0}
+
+
+def _merged(records: list[TokenRecord]) -> TokenRecord:
+    """Tokens that only together make visible text (the bytes of one character) as one record."""
+    if len(records) == 1:
+        return records[0]
+    chosen = max(records, key=lambda r: _TELLING[r.source])
+    return replace(chosen, text="".join(r.text for r in records),
+                   rejected="".join(r.rejected for r in records))

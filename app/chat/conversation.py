@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+
+from ..engine.steps import FinishReason
 
 
 @dataclass
@@ -17,12 +19,87 @@ class TokenRecord:
     rejected: str = ""  # text of the draft tokens rejected at this position (ghost text)
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """An answer rerun with speculation off (same prompt, seed and sampling)."""
+
+    speculative_tokens_per_s: float
+    plain_tokens_per_s: float
+    identical: bool
+    first_difference: int | None = None  # character where the two texts first differ
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
+
+    @classmethod
+    def of(cls, answer: Message, plain: Message) -> Comparison:
+        identical = answer.stats.token_ids == plain.stats.token_ids
+        first = None
+        if not identical:
+            a, b = answer.content, plain.content
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return cls(round(answer.stats.tokens_per_s, 3), round(plain.stats.tokens_per_s, 3), identical, first)
+
+
+@dataclass(frozen=True)
+class AnswerStats:
+    """What one answer cost and how speculation went: shown under the message and in the
+    acceptance view, saved with the message."""
+
+    mode: str = ""  # e.g. "speculative (draft model, adaptive k)" or "plain"
+    tokens: int = 0
+    seconds: float = 0.0  # from the request to the last token
+    first_token_seconds: float | None = None  # time to first token (prefill included)
+    drafted: int = 0
+    accepted: int = 0
+    target_passes: int = 0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    accepted_lengths: tuple[int, ...] = ()
+    acceptance_trace: tuple[float, ...] = ()  # running acceptance rate after each drafting step
+    finish: FinishReason | None = None
+    token_ids: tuple[int, ...] = ()
+    context_used: int = 0  # prompt plus answer tokens, of...
+    context_length: int = 0  # ...the model's window (0: unknown)
+    comparison: Comparison | None = None  # set by Compare
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target pass."""
+        return self.tokens / self.target_passes if self.target_passes else 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AnswerStats:
+        """From a saved message; keys this version does not know are ignored."""
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        for key in ("accepted_lengths", "acceptance_trace", "token_ids"):
+            values[key] = tuple(values.get(key) or ())
+        finish = values.get("finish")
+        values["finish"] = FinishReason(finish) if finish in FinishReason._value2member_map_ else None
+        if values.get("comparison"):
+            values["comparison"] = Comparison(**values["comparison"])
+        return cls(**values)
+
+
 @dataclass
 class Message:
     role: str  # "user" | "assistant"
     content: str
     tokens: list[TokenRecord] = field(default_factory=list)
-    stats: dict = field(default_factory=dict)  # acceptance, speed, mode... for assistant messages
+    stats: AnswerStats | None = None  # assistant messages
     created: float = field(default_factory=time.time)
     id: int | None = None  # set by the store
 

@@ -14,9 +14,8 @@ def to_markdown(conversation: Conversation) -> str:
         if message.role == "assistant" and stats:
             lines.append("")
             lines.append(
-                f"*{stats.get('mode', '')}: {stats.get('tokens', 0)} tokens, "
-                f"{stats.get('tokens_per_s', 0):.2f} tokens/s, acceptance {stats.get('acceptance_rate', 0):.0%}, "
-                f"mean accepted length {stats.get('mean_accepted_length', 0):.2f}*"
+                f"*{stats.mode}: {stats.tokens} tokens, {stats.tokens_per_s:.2f} tokens/s, acceptance "
+                f"{stats.acceptance_rate:.0%}, mean accepted length {stats.mean_accepted_length:.2f}*"
             )
         lines.append("")
     return "\n".join(lines)

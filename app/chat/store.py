@@ -14,7 +14,7 @@ from pathlib import Path
 
 import platformdirs
 
-from .conversation import Conversation, Message, TokenRecord
+from .conversation import AnswerStats, Conversation, Message, TokenRecord
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -84,10 +84,19 @@ class ChatStore:
             message.id = db.execute(
                 "INSERT INTO messages (chat_id, role, content, tokens, stats, created) VALUES (?, ?, ?, ?, ?, ?)",
                 (conversation.id, message.role, message.content, json.dumps(message.tokens_as_dicts()),
-                 json.dumps(message.stats), message.created),
+                 _stats_json(message), message.created),
             ).lastrowid
             db.execute("UPDATE chats SET updated = ?, title = ? WHERE id = ?", (now, conversation.title, conversation.id))
         conversation.updated = now
+
+    def update_message(self, message: Message) -> None:
+        """Rewrites a saved message (a growing answer, a finished one, a comparison added)."""
+        with self._transaction("the message") as db:
+            db.execute("UPDATE messages SET content = ?, tokens = ?, stats = ? WHERE id = ?",
+                       (message.content, json.dumps(message.tokens_as_dicts()), _stats_json(message), message.id))
+
+    def delete_message(self, message_id: int) -> None:
+        self._write("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._write("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
@@ -116,6 +125,11 @@ class ChatStore:
         ):
             conversation.messages.append(Message(
                 role=role, content=content, tokens=[TokenRecord(**t) for t in json.loads(tokens)],
-                stats=json.loads(stats), created=created, id=message_id,
+                stats=AnswerStats.from_dict(json.loads(stats)) if role == "assistant" else None,
+                created=created, id=message_id,
             ))
         return conversation
+
+
+def _stats_json(message: Message) -> str:
+    return json.dumps(message.stats.to_dict() if message.stats else {})

@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +16,7 @@ from .errors import PromptTooLongError
 from .policy import DraftLengthPolicy
 from .proposers import Draft, Proposer
 from .sampling import SamplingParams, logits_to_probs
-from .steps import EmittedToken, Source, Stats, Step
+from .steps import EmittedToken, FinishReason, Source, Stats, Step
 from .verify import verify
 
 
@@ -47,44 +46,43 @@ def speculative_generate(
             f"{limits.context_length:,}; shorten the conversation or start a new chat."
         )
     budget = min(limits.max_new_tokens, room)
-    stats = Stats()
     clock = _Clock(target.device)
 
     tokens = list(prompt_ids)
     target.reset()
-    with clock.add_to(stats, "prefill_seconds"):
-        # The last prompt token is fed together with the first draft.
-        if len(tokens) > 1:
-            target.forward(torch.tensor(tokens[:-1]), keep=1)
-        proposer.begin(tokens)
+    started = clock.now()
+    # The last prompt token is fed together with the first draft.
+    if len(tokens) > 1:
+        target.forward(torch.tensor(tokens[:-1]), keep=1)
+    proposer.begin(tokens)
+    stats = Stats(prefill_seconds=clock.now() - started)
 
     n_new = 0
     while n_new < budget:
         if cancel is not None and cancel.is_set():
-            yield Step([], [], stats, finish="cancelled")
+            yield Step([], [], stats, finish=FinishReason.CANCELLED)
             return
         # Leave room for the token the target adds, within both limits.
         k = min(policy.k, budget - n_new - 1)
-        seconds_before = (stats.draft_seconds, stats.target_seconds)
-        with clock.add_to(stats, "draft_seconds"):
-            draft = proposer.propose(k, policy.min_confidence) if k > 0 else _EMPTY
+        draft_start = clock.now()
+        draft = proposer.propose(k, policy.min_confidence) if k > 0 else _EMPTY
         draft_tokens = draft.tokens.to(target.device)
-        with clock.add_to(stats, "target_seconds"):
-            step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])
-            target_probs = logits_to_probs(target.forward(step_input, keep=len(draft) + 1), params)
+        target_start = clock.now()
+        step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])
+        target_probs = logits_to_probs(target.forward(step_input, keep=len(draft) + 1), params)
+        draft_seconds, target_seconds = target_start - draft_start, clock.now() - target_start
         n_accepted, next_token = verify(draft_tokens, draft.probs, target_probs, params, generator)
 
         target.rollback(len(tokens) + n_accepted)
         proposer.commit(n_accepted, next_token)
-        policy.update(len(draft), n_accepted, stats.draft_seconds - seconds_before[0],
-                      stats.target_seconds - seconds_before[1])
+        policy.update(len(draft), n_accepted, draft_seconds, target_seconds)
 
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
         tokens += [token.id for token in emitted]
         n_new += len(emitted)
         if finish is None and n_new >= budget:
-            finish = "length" if budget == limits.max_new_tokens else "context"
-        stats.record_step(len(draft), n_accepted, len(emitted))
+            finish = FinishReason.LENGTH if budget == limits.max_new_tokens else FinishReason.CONTEXT
+        stats = stats.after_step(len(draft), n_accepted, len(emitted), draft_seconds, target_seconds)
         yield Step(emitted, draft.tokens[n_accepted:].tolist(), stats, finish)
         if finish:
             return
@@ -93,11 +91,11 @@ def speculative_generate(
 _EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
 
 
-def _until_stop(emitted: list[EmittedToken], stop_tokens: frozenset[int]) -> tuple[list[EmittedToken], str | None]:
+def _until_stop(emitted: list[EmittedToken], stop_tokens: frozenset[int]) -> tuple[list[EmittedToken], FinishReason | None]:
     """Cut after the first stop token (kept, so callers see why generation ended)."""
     for i, token in enumerate(emitted):
         if token.id in stop_tokens:
-            return emitted[: i + 1], "stop"
+            return emitted[: i + 1], FinishReason.STOP
     return emitted, None
 
 
@@ -125,14 +123,11 @@ def _provenance(draft: Draft, n_accepted: int, next_token: int, target_probs: to
 
 
 class _Clock:
-    """Wall time of each phase; on CUDA waits for the device so time lands in the right phase."""
+    """Wall time; on CUDA it waits for the device first, so time lands in the right phase."""
 
     def __init__(self, device: torch.device) -> None:
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    @contextmanager
-    def add_to(self, stats: Stats, field_name: str):
-        start = time.perf_counter()
-        yield
+    def now(self) -> float:
         self.sync()
-        setattr(stats, field_name, getattr(stats, field_name) + time.perf_counter() - start)
+        return time.perf_counter()

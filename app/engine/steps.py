@@ -1,7 +1,7 @@
 """What the loop yields: the tokens of one step with their provenance, and running stats."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -21,8 +21,21 @@ class EmittedToken:
     replaced: int | None = None  # for a corrected token: the draft token it replaced
 
 
-@dataclass
+class FinishReason(str, Enum):
+    """Why an answer ended (stored with the message, shown under it)."""
+
+    STOP = "stop"  # the model's end token
+    LENGTH = "length"  # the answer budget (max new tokens)
+    CONTEXT = "context"  # the model's context window is full
+    CANCELLED = "cancelled"  # the user pressed Stop
+    INTERRUPTED = "interrupted"  # the app was closed or killed mid-answer (set by the chat, not the loop)
+
+
+@dataclass(frozen=True)
 class Stats:
+    """Running totals of one answer after a step. Immutable: every step carries its own
+    snapshot, so a reader on another thread never sees one half-updated."""
+
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
@@ -30,15 +43,15 @@ class Stats:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     prefill_seconds: float = 0.0
-    accepted_lengths: list[int] = field(default_factory=list)  # accepted drafts per step
+    accepted_lengths: tuple[int, ...] = ()  # accepted drafts per step that drafted
 
-    def record_step(self, n_drafted: int, n_accepted: int, n_emitted: int) -> None:
-        self.drafted += n_drafted
-        self.accepted += n_accepted
-        self.emitted += n_emitted
-        self.target_passes += 1
-        if n_drafted:
-            self.accepted_lengths.append(n_accepted)
+    def after_step(self, n_drafted: int, n_accepted: int, n_emitted: int, draft_seconds: float,
+                   target_seconds: float) -> Stats:
+        return replace(
+            self, drafted=self.drafted + n_drafted, accepted=self.accepted + n_accepted,
+            emitted=self.emitted + n_emitted, target_passes=self.target_passes + 1,
+            draft_seconds=self.draft_seconds + draft_seconds, target_seconds=self.target_seconds + target_seconds,
+            accepted_lengths=self.accepted_lengths + ((n_accepted,) if n_drafted else ()))
 
     @property
     def acceptance_rate(self) -> float:
@@ -54,9 +67,9 @@ class Stats:
         return self.prefill_seconds + self.draft_seconds + self.target_seconds
 
 
-@dataclass
+@dataclass(frozen=True)
 class Step:
     tokens: list[EmittedToken]
     rejected: list[int]  # draft tokens discarded in this step, in order
-    stats: Stats  # running totals, shared and updated in place
-    finish: str | None = None  # "stop", "length", "context" or "cancelled" on the last step
+    stats: Stats  # running totals after this step
+    finish: FinishReason | None = None  # set on the last step

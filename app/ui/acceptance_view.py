@@ -8,6 +8,11 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
+from ..chat.conversation import AnswerStats, Comparison
+from .render import comparison_html
+
+NO_COMPARISON = "Use Compare to rerun the last answer's prompt without speculation."
+
 
 class Histogram(QWidget):
     """Steps by number of accepted draft tokens."""
@@ -93,7 +98,7 @@ class AcceptanceView(QWidget):
         layout.addWidget(box)
         compare = QGroupBox("A/B: speculation on vs off")
         compare_layout = QVBoxLayout(compare)
-        self.comparison = QLabel("Use Compare to rerun the last prompt without speculation.")
+        self.comparison = QLabel(NO_COMPARISON)
         self.comparison.setWordWrap(True)
         compare_layout.addWidget(self.comparison)
         layout.addWidget(compare)
@@ -103,28 +108,22 @@ class AcceptanceView(QWidget):
         self.histogram.colour = QColor(accepted)
         self.trace.colour = QColor(corrected)
 
-    def show_stats(self, stats: dict) -> None:
-        """`stats` as in AnswerBuilder.summary() (live or saved with a message)."""
+    def show_stats(self, stats: AnswerStats | None) -> None:
+        """An answer's stats (live or saved with a message)."""
         if not stats:
             return
-        drafted = stats.get("drafted", 0)
-        self.fields["mode"].setText(stats.get("mode", ""))
+        self.fields["mode"].setText(stats.mode)
         self.fields["acceptance"].setText(
-            f"{stats['acceptance_rate']:.1%} ({stats['accepted']}/{drafted})" if drafted else "– (nothing drafted)")
-        self.fields["length"].setText(f"{stats.get('mean_accepted_length', 0):.2f} tokens per target pass")
-        self.fields["speed"].setText(f"{stats.get('tokens_per_s', 0):.2f} tokens/s ({stats.get('tokens', 0)} tokens)")
-        self.fields["time"].setText(f"{stats.get('draft_seconds', 0):.1f} s / {stats.get('target_seconds', 0):.1f} s")
-        self.histogram.set_lengths(stats.get("accepted_lengths", []))
-        self.trace.set_values(stats.get("acceptance_trace", []))
+            f"{stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})" if stats.drafted else "– (nothing drafted)")
+        self.fields["length"].setText(f"{stats.mean_accepted_length:.2f} tokens per target pass")
+        self.fields["speed"].setText(f"{stats.tokens_per_s:.2f} tokens/s ({stats.tokens} tokens)")
+        self.fields["time"].setText(f"{stats.draft_seconds:.1f} s / {stats.target_seconds:.1f} s")
+        self.histogram.set_lengths(list(stats.accepted_lengths))
+        self.trace.set_values(list(stats.acceptance_trace))
+        self.show_comparison(stats.comparison)
 
     def show_memory(self, text: str) -> None:
         self.fields["memory"].setText(text)
 
-    def show_comparison(self, speculative: dict, plain: dict) -> None:
-        speedup = speculative["tokens_per_s"] / plain["tokens_per_s"] if plain.get("tokens_per_s") else 0.0
-        same = speculative.get("token_ids") == plain.get("token_ids")
-        self.comparison.setText(
-            f"speculative {speculative['tokens_per_s']:.2f} tok/s, plain {plain['tokens_per_s']:.2f} tok/s: "
-            f"<b>{speedup:.2f}x</b>. Texts {'<b>identical</b>' if same else '<b>differ</b>'}"
-            + ("" if same else " (expected only when sampling with temperature > 0)") + "."
-        )
+    def show_comparison(self, comparison: Comparison | None) -> None:
+        self.comparison.setText(comparison_html(comparison) if comparison else NO_COMPARISON)

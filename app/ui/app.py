@@ -23,6 +23,13 @@ def _application():
 
 
 def run_gui() -> int:
+    from .platform_check import xcb_problem
+
+    problem = xcb_problem()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+
     import qasync
 
     from ..chat.store import ChatStore
@@ -76,6 +83,6 @@ def run_screenshot(path: Path, prompt: str, dark: bool = False) -> int:
     window.models_ready.connect(lambda: window.send(prompt))
     window.answer_finished.connect(lambda: QTimer.singleShot(200, save))
     window.loader.failed.connect(lambda _: QTimer.singleShot(0, failed))
-    window.loader.loaded.connect(lambda result: result.engine is None and QTimer.singleShot(0, failed))
+    window.loader.loaded.connect(lambda result: result.error is not None and QTimer.singleShot(0, failed))
     app.exec()
     return outcome["code"]

@@ -1,7 +1,7 @@
 """The main window: sidebar of chats, conversation and composer, controls and acceptance."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
@@ -10,14 +10,13 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QFileDialog, QHBoxLayout
                                QListWidget, QListWidgetItem, QMainWindow, QMessageBox, QProgressDialog, QPushButton,
                                QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
-from ..chat.answer import AnswerBuilder
-from ..chat.conversation import Conversation, Message
 from ..chat.export import to_markdown
-from ..chat.prompt import chat_prompt_ids
+from ..chat.session import ChatSession, RequestKind
 from ..chat.store import ChatStore, StoreError
-from ..engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
+from ..engine.engine import ProposerKind, SpeculativeEngine
 from ..engine.errors import ModelError
-from ..engine.models import LoadedModel, Precision, load_model, load_tokenizer, pick_device, vocabulary_mismatch
+from ..engine.model_cache import ModelCache
+from ..engine.models import load_model, load_tokenizer, vocabulary_mismatch
 from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
@@ -29,16 +28,10 @@ from .worker import GenerationWorker, Loader
 
 @dataclass
 class LoadResult:
-    engine: SpeculativeEngine | None = None
+    ticket: int
+    engine: SpeculativeEngine | None = None  # None without an error: superseded by a newer load
     error: str | None = None
     incompatible_draft: str | None = None  # source of a draft refused for its vocabulary
-
-
-def describe(options: GenerationOptions) -> str:
-    if not options.speculative:
-        return "plain"
-    how = "prompt lookup" if options.proposer is ProposerKind.PROMPT_LOOKUP else "draft model"
-    return f"speculative ({how}, {'adaptive k' if options.adaptive else f'k={options.k}'})"
 
 
 class MainWindow(QMainWindow):
@@ -49,14 +42,9 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.store = store
         self.settings = settings or QSettings("SpecChat", "SpecChat")
-        self.load = load
-        self.device, self.dtype, device_text = pick_device()
-        self.models: dict[tuple[str, Precision], LoadedModel] = {}  # (source, precision) -> model
+        self.models = ModelCache(load)
+        self.session = ChatSession(store)
         self.engine: SpeculativeEngine | None = None
-        self.conversation = Conversation()
-        self.builder: AnswerBuilder | None = None
-        self.comparing = False
-        self.last_options: GenerationOptions | None = None
         self.worker = GenerationWorker()
         self.loader = Loader()
         self.progress: QProgressDialog | None = None
@@ -65,7 +53,7 @@ class MainWindow(QMainWindow):
 
         self.setWindowTitle("SpecChat")
         self.setWindowIcon(QIcon(str(RESOURCES / "icon.png")))
-        self.controls = ControlsPanel(device_text)
+        self.controls = ControlsPanel(self.models.device_text)
         self.acceptance = AcceptanceView()
         self.chat_view = ChatView(RenderOptions(THEMES["light"]))
         self.composer = Composer()
@@ -163,7 +151,7 @@ class MainWindow(QMainWindow):
         self.worker.failed.connect(lambda message: self.show_error("Generation failed", message))
         self.loader.progress.connect(self._on_load_progress)
         self.loader.loaded.connect(self._on_loaded)
-        self.loader.failed.connect(lambda message: self._on_loaded(LoadResult(error=message)))
+        self.loader.failed.connect(lambda message: self._on_loaded(LoadResult(self.models.request(), error=message)))
         self.new_button.clicked.connect(self.new_chat)
         self.rename_button.clicked.connect(self.rename_chat)
         self.delete_button.clicked.connect(self.delete_chat)
@@ -228,34 +216,26 @@ class MainWindow(QMainWindow):
     # ---- models ---------------------------------------------------------------------------
     def load_models(self) -> None:
         chosen = self.controls.load_options()
-        target_source, draft_source = chosen.target, chosen.draft
-        target_key, draft_key = (target_source, chosen.precision), (draft_source, chosen.draft_precision)
+        ticket = self.models.request()  # any load still running is now stale
         self.engine = None
-        self.set_busy(False)
-        self.statusBar().showMessage(f"Loading models: {target_source} + {draft_source}...")
-        self.progress = QProgressDialog("Preparing models...", None, 0, 0, self)
-        self.progress.setWindowTitle("SpecChat: preparing models")
-        self.progress.setWindowModality(Qt.NonModal)
-        self.progress.setMinimumDuration(800)
+        self.set_busy(self.session.busy)
+        self.statusBar().showMessage(f"Loading models: {chosen.target} + {chosen.draft}...")
+        if self.progress is None:
+            self.progress = QProgressDialog("Preparing models...", None, 0, 0, self)
+            self.progress.setWindowTitle("SpecChat: preparing models")
+            self.progress.setWindowModality(Qt.NonModal)
+            self.progress.setMinimumDuration(800)
 
         def job(report) -> LoadResult:
-            for key in [key for key in self.models if key not in (target_key, draft_key)]:
-                del self.models[key]  # free a replaced model before loading the next
-            for key in (target_key, draft_key):
-                if key not in self.models:
-                    self.models[key] = self.load(key[0], self.device, self.dtype, report, precision=key[1])
             try:
-                engine = SpeculativeEngine(self.models[target_key], self.models[draft_key])
-                report("Measuring draft and verification costs", None)
-                engine.calibrate()
-                return LoadResult(engine)
+                return LoadResult(ticket, self.models.engine(ticket, chosen, report))
             except ModelError as error:
-                return LoadResult(error=str(error), incompatible_draft=draft_source)
+                return LoadResult(ticket, error=str(error), incompatible_draft=chosen.draft)
 
         self.loader.run(job)
 
     def _on_load_progress(self, stage: str, fraction: float) -> None:
-        if self.progress is None:
+        if self.progress is None or self.engine is not None:
             return
         self.progress.setLabelText(stage)
         self.progress.setMaximum(0 if fraction < 0 else 100)
@@ -263,6 +243,8 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(stage)
 
     def _on_loaded(self, result: LoadResult) -> None:
+        if not self.models.is_current(result.ticket):
+            return  # the user picked other models meanwhile; their load reports instead
         if self.progress is not None:
             self.progress.close()
             self.progress = None
@@ -279,7 +261,7 @@ class MainWindow(QMainWindow):
             f"{draft.memory_bytes / 2**30:.2f} GiB ({draft.precision}; +{draft.memory_bytes / target.memory_bytes:.0%})")
         self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}) with draft {draft.name} "
                                      f"({draft.precision})", 5000)
-        self.set_busy(False)
+        self.set_busy(self.session.busy)
         self.models_ready.emit()
 
     def add_model(self) -> None:
@@ -309,6 +291,10 @@ class MainWindow(QMainWindow):
         checker.run(job)
 
     # ---- chats --------------------------------------------------------------------------
+    @property
+    def conversation(self):
+        return self.session.conversation
+
     def refresh_chat_list(self) -> None:
         self.chat_list.clear()
         for chat_id, title, _ in self.store.list_chats(self.search.text()):
@@ -319,21 +305,20 @@ class MainWindow(QMainWindow):
                 item.setSelected(True)
 
     def new_chat(self) -> None:
-        if self.worker.running:
+        if self.session.busy:
             return
-        self.conversation = Conversation()
+        self.session.new_chat()
         self.chat_view.show_messages([])
         self.refresh_chat_list()
 
     def open_chat(self, chat_id: int) -> None:
-        if self.worker.running:
+        if self.session.busy:
             return
-        self.conversation = self.store.load_chat(chat_id)
-        self.last_options = None
+        self.session.open_chat(chat_id)
         self.chat_view.show_messages(self.conversation.messages)
-        answers = [m for m in self.conversation.messages if m.role == "assistant"]
-        if answers:
-            self.acceptance.show_stats(answers[-1].stats)
+        answer = self.session.last_answer()
+        if answer is not None:
+            self.acceptance.show_stats(answer.stats)
 
     def rename_chat(self) -> None:
         if self.conversation.id is None:
@@ -345,7 +330,7 @@ class MainWindow(QMainWindow):
             self.refresh_chat_list()
 
     def delete_chat(self) -> None:
-        if self.conversation.id is None or self.worker.running:
+        if self.conversation.id is None or self.session.busy:
             return
         if QMessageBox.question(self, "Delete chat", f"Delete '{self.conversation.title}'?") != QMessageBox.Yes:
             return
@@ -368,54 +353,44 @@ class MainWindow(QMainWindow):
             self.show_error("Could not save", str(error))
             return False
 
+    def _show_save_errors(self) -> None:
+        while self.session.errors:
+            self.show_error("Could not save", self.session.errors.pop(0))
+
     # ---- generation -----------------------------------------------------------------------
     def set_busy(self, busy: bool) -> None:
         ready = self.engine is not None
         self.send_button.setEnabled(ready and not busy)
-        self.compare_button.setEnabled(ready and not busy and self._last_answer() is not None)
+        self.compare_button.setEnabled(ready and not busy and self.session.last_answer() is not None)
         self.stop_button.setEnabled(busy)
-        for widget in (self.controls.target, self.controls.draft, self.controls.precision, self.controls.draft_precision, self.controls.add_model,
-                       self.chat_list,
-                       self.new_button, self.delete_button):
+        for widget in (self.controls.add_model, self.chat_list, self.new_button, self.delete_button):
+            widget.setEnabled(not busy)
+        # Models can be changed only between answers, and one load at a time runs anyway.
+        for widget in (self.controls.target, self.controls.draft, self.controls.precision, self.controls.draft_precision):
             widget.setEnabled(not busy)
 
     def send(self, text: str) -> None:
-        if not text or self.worker.running:
+        if not text or self.session.busy:
             return
         if self.engine is None:
             self.statusBar().showMessage("The models are still loading; your message stays in the box.", 5000)
             return
         self.composer.clear()
-        if not self.conversation.messages:
-            self.conversation.title = text.splitlines()[0][:60]
-        user = Message(role="user", content=text)
-        self.conversation.messages.append(user)
-        self._save(lambda: self.store.add_message(self.conversation, user))
+        self._start(self.session.ask(text, self.engine, self.controls.generation_options()))
         self.refresh_chat_list()
-        options = self.controls.generation_options()
-        self._start(self.conversation.prompt_messages(), options, comparing=False)
 
     def compare(self) -> None:
-        answer = self._last_answer()
-        if answer is None or self.worker.running or self.engine is None:
+        if self.session.busy or self.engine is None:
             return
-        index = self.conversation.messages.index(answer)
-        options = replace(self.last_options or self.controls.generation_options(), speculative=False)
-        self.statusBar().showMessage("Comparing: the same prompt with speculation off...")
-        self._start([m.to_prompt() for m in self.conversation.messages[:index]], options, comparing=True)
+        request = self.session.compare(self.engine, self.controls.generation_options())
+        if request is not None:
+            self.statusBar().showMessage("Comparing: the same prompt with speculation off...")
+            self._start(request)
 
-    def _last_answer(self) -> Message | None:
-        answers = [m for m in self.conversation.messages if m.role == "assistant" and m.stats.get("token_ids")]
-        return answers[-1] if answers else None
-
-    def _start(self, prompt_messages: list[dict], options: GenerationOptions, comparing: bool) -> None:
-        self.comparing = comparing
-        if not comparing:
-            self.last_options = options
-        self.builder = AnswerBuilder(self.engine.target.tokenizer, describe(options))
-        prompt_ids = chat_prompt_ids(self.engine.target.tokenizer, prompt_messages)
+    def _start(self, request) -> None:
+        self._show_save_errors()
         self.set_busy(True)
-        self.worker.start(self.engine, prompt_ids, options)
+        self.worker.start(self.engine, request.prompt_ids, request.options)
 
     def stop(self) -> None:
         if self.worker.running:
@@ -423,39 +398,28 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Stopping after this step...", 3000)
 
     def _on_step(self, step) -> None:
-        if self.builder is None:
-            return
-        self.builder.add(step)
+        self.session.add_step(step)
         if not self._render_timer.isActive():
             self._render_timer.start()
 
-    def _streaming_message(self) -> Message | None:
-        return None if self.builder is None or self.comparing else self.builder.message()
-
     def _render(self) -> None:
-        if self.builder is None:
+        if self.session.builder is None:
             return
-        self.acceptance.show_stats(self.builder.summary())
-        streaming = self._streaming_message()
+        self.acceptance.show_stats(self.session.builder.stats)
+        streaming = self.session.streaming_message()
         self.chat_view.show_messages(self.conversation.messages + ([streaming] if streaming else []))
 
     def _on_generation_finished(self) -> None:
         self._render_timer.stop()
-        builder, self.builder = self.builder, None
-        if builder is not None:
-            if self.comparing:
-                answer = self._last_answer()
-                if answer is not None:
-                    self.acceptance.show_comparison(answer.stats, builder.summary())
-                    self.statusBar().showMessage("Comparison done", 5000)
-            elif builder.tokens or builder.stats.emitted:
-                message = builder.message()
-                self.conversation.messages.append(message)
-                self._save(lambda: self.store.add_message(self.conversation, message))
-                self.acceptance.show_stats(message.stats)
-                self.refresh_chat_list()
-            self.chat_view.show_messages(self.conversation.messages)
-        self.comparing = False
+        comparing = self.session.request is not None and self.session.request.kind is RequestKind.COMPARE
+        changed = self.session.finish()
+        if changed is not None:
+            self.acceptance.show_stats(changed.stats)  # a comparison included, beside the run it compared
+            if comparing:
+                self.statusBar().showMessage("Comparison done", 5000)
+        self.chat_view.show_messages(self.conversation.messages)
+        self.refresh_chat_list()
+        self._show_save_errors()
         self.set_busy(False)
         self.answer_finished.emit()
 
@@ -472,11 +436,6 @@ class MainWindow(QMainWindow):
         if self.worker.running:
             self.worker.stop()
             self.worker.wait(30)
-            if self.builder is not None and not self.comparing and self.builder.tokens:
-                message = self.builder.message()
-                message.stats["finish"] = "interrupted"
-                self.conversation.messages.append(message)
-                self._save(lambda: self.store.add_message(self.conversation, message))
-            self.builder = None
+        self.session.interrupt()
         self.save_settings()
         super().closeEvent(event)

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from html import escape
 
-from ..chat.conversation import Message, TokenRecord
+from ..chat.conversation import AnswerStats, Comparison, Message, TokenRecord
+from ..engine.steps import FinishReason
 from .theme import Theme
 
 
@@ -125,16 +126,36 @@ def answer_html(message_index: int, tokens: list[TokenRecord], options: RenderOp
     return "".join(blocks)
 
 
-def stats_line(stats: dict) -> str:
+FINISH_TEXT = {FinishReason.STOP: "done", FinishReason.LENGTH: "length limit", FinishReason.CONTEXT: "context full",
+               FinishReason.CANCELLED: "stopped", FinishReason.INTERRUPTED: "interrupted"}
+
+
+def stats_line(stats: AnswerStats | None) -> str:
     if not stats:
         return ""
-    parts = [stats.get("mode", ""), f"{stats.get('tokens', 0)} tokens", f"{stats.get('tokens_per_s', 0):.2f} tok/s"]
-    if stats.get("drafted"):
-        parts.append(f"acceptance {stats['acceptance_rate']:.0%}")
-        parts.append(f"mean accepted length {stats['mean_accepted_length']:.2f}")
-    if stats.get("finish") in ("cancelled", "interrupted"):
-        parts.append("stopped")
+    parts = [stats.mode, f"{stats.tokens} tokens", f"{stats.tokens_per_s:.2f} tok/s"]
+    if stats.first_token_seconds is not None:
+        parts.append(f"first token {stats.first_token_seconds:.2f} s")
+    if stats.drafted:
+        parts.append(f"acceptance {stats.acceptance_rate:.0%}")
+        parts.append(f"mean accepted length {stats.mean_accepted_length:.2f}")
+    if stats.finish is not None:
+        parts.append(FINISH_TEXT[stats.finish])
     return " · ".join(p for p in parts if p)
+
+
+def comparison_html(comparison: Comparison) -> str:
+    """Compare's result in one line: both speeds, the speedup, and whether the texts agree."""
+    same = ("<b>identical texts</b>" if comparison.identical else
+            f"<b>texts differ from character {comparison.first_difference}</b> "
+            "(expected only when sampling with temperature > 0)")
+    return (f"speculative {comparison.speculative_tokens_per_s:.2f} tok/s vs plain "
+            f"{comparison.plain_tokens_per_s:.2f} tok/s: <b>{comparison.speedup:.2f}x</b>, {same}")
+
+
+def _comparison_card(comparison: Comparison, theme: Theme) -> str:
+    return (f'<table cellpadding="6" style="margin:4px 0" bgcolor="{theme.code_background}"><tr><td>'
+            f'<small>Compare: {comparison_html(comparison)}</small></td></tr></table>')
 
 
 def conversation_html(messages: list[Message], options: RenderOptions) -> str:
@@ -150,5 +171,7 @@ def conversation_html(messages: list[Message], options: RenderOptions) -> str:
                        f'&nbsp;&nbsp;<small>{escape(stats_line(message.stats))}</small></p>')
             out.append(answer_html(index, message.tokens, options) if message.tokens
                        else f'<p style="white-space:pre-wrap">{escape(message.content)}</p>')
+            if message.stats and message.stats.comparison:
+                out.append(_comparison_card(message.stats.comparison, theme))
     out.append("</body>")
     return "".join(out)

@@ -1,0 +1,53 @@
+"""The models in memory and the engine built on them, loaded one request at a time.
+
+The window asks for a model pair every time the user changes a picker; loads run on worker
+threads. Loads are serialised by a lock (two threads never mutate the cache together) and each
+request has a ticket: a request superseded by a newer one returns None instead of an engine,
+so an older load that finishes last can never replace the newer choice.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ..options import LoadOptions
+from .engine import SpeculativeEngine
+from .models import LoadedModel, Precision, load_model, pick_device
+
+Report = Callable[[str, float | None], None]
+
+
+class ModelCache:
+    def __init__(self, load=load_model) -> None:
+        self.load = load
+        self.device, self.dtype, self.device_text = pick_device()
+        self.models: dict[tuple[str, Precision], LoadedModel] = {}  # (source, precision) -> model
+        self._lock = threading.Lock()
+        self._ticket = 0
+
+    def request(self) -> int:
+        """A ticket for a new load; every earlier ticket becomes stale."""
+        self._ticket += 1
+        return self._ticket
+
+    def is_current(self, ticket: int) -> bool:
+        return ticket == self._ticket
+
+    def engine(self, ticket: int, chosen: LoadOptions, report: Report) -> SpeculativeEngine | None:
+        """Loads what `chosen` needs (keeping models already loaded), builds and calibrates the
+        engine; None when a newer request arrived meanwhile. Raises ModelError for bad models."""
+        keys = [(chosen.target, chosen.precision), (chosen.draft, chosen.draft_precision)]
+        with self._lock:
+            if not self.is_current(ticket):
+                return None
+            for key in [key for key in self.models if key not in keys]:
+                del self.models[key]  # free a replaced model before loading the next
+            for key in keys:
+                if key not in self.models:
+                    self.models[key] = self.load(key[0], self.device, self.dtype, report, precision=key[1])
+                if not self.is_current(ticket):
+                    return None
+            engine = SpeculativeEngine(self.models[keys[0]], self.models[keys[1]])
+            report("Measuring draft and verification costs", None)
+            engine.calibrate()
+            return engine if self.is_current(ticket) else None

@@ -1,0 +1,151 @@
+"""The chat session without Qt: requests, streaming saves, compare, interruption; the answer
+builder's provenance for tokens without text of their own; the model cache's stale loads."""
+import itertools
+import threading
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from app.chat.answer import AnswerBuilder
+from app.chat.session import ChatSession, RequestKind
+from app.chat.store import ChatStore
+from app.engine.engine import SpeculativeEngine
+from app.engine.model_cache import ModelCache
+from app.engine.steps import EmittedToken, FinishReason, Source, Stats, Step
+from app.options import LoadOptions
+from tests.helpers import options
+from tests.tiny import tiny_model
+
+
+@pytest.fixture
+def engine():
+    return SpeculativeEngine(tiny_model(seed=1), tiny_model(seed=2))
+
+
+def run(session, engine, request, stop_after=None):
+    """Feed the request's real engine steps into the session, as the window's worker does."""
+    cancel = threading.Event()
+    for count, step in enumerate(engine.generate(request.prompt_ids, request.options, cancel), 1):
+        session.add_step(step)
+        if count == stop_after:
+            return  # a kill: no finish() call
+    return session.finish()
+
+
+def test_an_answer_joins_the_chat_with_typed_stats(tmp_path, engine):
+    store = ChatStore(tmp_path / "c.sqlite3")
+    session = ChatSession(store)
+    request = session.ask("t5 t6 t7", engine, options(k=3, max_new_tokens=20))
+    assert request.kind is RequestKind.ANSWER and session.busy
+    message = run(session, engine, request)
+    assert not session.busy
+    stats = message.stats
+    assert stats.tokens == 20 and stats.finish is FinishReason.LENGTH
+    assert 0 < stats.first_token_seconds <= stats.seconds
+    assert stats.context_used == len(request.prompt_ids) + 20 and stats.context_length == 256
+    assert len(stats.token_ids) == 20 and stats.drafted > 0
+    saved = store.load_chat(session.conversation.id).messages
+    assert [m.role for m in saved] == ["user", "assistant"] and saved[1].stats == stats
+
+
+def test_a_streaming_answer_is_saved_as_it_grows_and_marked_interrupted(tmp_path, engine):
+    ticks = itertools.count(step=0.6)  # each clock read moves 0.6 s: a save every other step
+    store = ChatStore(tmp_path / "c.sqlite3")
+    session = ChatSession(store, clock=lambda: next(ticks))
+    request = session.ask("t1 t2", engine, options(k=2, max_new_tokens=60))
+    run(session, engine, request, stop_after=6)  # the process dies here
+    reopened = ChatStore(tmp_path / "c.sqlite3").load_chat(session.conversation.id).messages
+    assert [m.role for m in reopened] == ["user", "assistant"]
+    partial = reopened[-1]
+    assert partial.stats.finish is FinishReason.INTERRUPTED and partial.tokens
+    # at most the steps since the last save are lost
+    assert len(partial.stats.token_ids) >= len(session.builder.stats.token_ids) - 2 * 3
+
+
+def test_finishing_a_saved_streaming_answer_updates_its_row(tmp_path, engine):
+    ticks = itertools.count(step=0.6)
+    store = ChatStore(tmp_path / "c.sqlite3")
+    session = ChatSession(store, clock=lambda: next(ticks))
+    message = run(session, engine, session.ask("t1", engine, options(k=2, max_new_tokens=30)))
+    saved = store.load_chat(session.conversation.id).messages
+    assert len(saved) == 2 and saved[-1].id == message.id
+    assert saved[-1].stats.finish is FinishReason.LENGTH and saved[-1].content == message.content
+
+
+def test_closing_mid_answer_keeps_it_as_interrupted(tmp_path, engine):
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    run(session, engine, session.ask("t1", engine, options(max_new_tokens=50)), stop_after=3)
+    session.interrupt()
+    assert not session.busy
+    saved = session.store.load_chat(session.conversation.id).messages
+    assert saved[-1].stats.finish is FinishReason.INTERRUPTED and saved[-1].tokens
+
+
+def test_compare_is_stored_with_the_answer_it_compared(tmp_path, engine):
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    answer = run(session, engine, session.ask("t3 t4", engine, options(k=3, max_new_tokens=16)))
+    request = session.compare(engine, options())
+    assert request.kind is RequestKind.COMPARE and not request.options.speculative
+    assert request.options.k == 3  # the answer's own options, not the ones passed in
+    assert session.streaming_message() is None  # a comparison is not part of the chat
+    compared = run(session, engine, request)
+    assert compared is answer and len(session.conversation.messages) == 2
+    assert answer.stats.comparison.identical and answer.stats.comparison.first_difference is None
+    saved = session.store.load_chat(session.conversation.id).messages[-1]
+    assert saved.stats.comparison == answer.stats.comparison
+
+
+def test_a_second_request_while_one_runs_is_refused(tmp_path, engine):
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    session.ask("t1", engine, options())
+    with pytest.raises(RuntimeError, match="stop it first"):
+        session.ask("t2", engine, options())
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per byte, as a byte-level BPE without merges: an 'é' is two tokens."""
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_a_corrected_token_without_text_keeps_its_provenance():
+    tokenizer = byte_level_tokenizer()
+    a, (e_first, e_second), z = tokenizer.encode("a"), tokenizer.encode("é"), tokenizer.encode("z")
+    assert len(a) == 1 and len(z) == 1
+    builder = AnswerBuilder(tokenizer, "speculative")
+    stats = Stats()
+    builder.add(Step([EmittedToken(a[0], Source.ACCEPTED, 0.9, 0.8),
+                      EmittedToken(e_first, Source.CORRECTED, 0.6, 0.1, replaced=z[0])], [z[0]], stats))
+    builder.add(Step([EmittedToken(e_second, Source.ACCEPTED, 0.9, 0.9)], [], stats))
+    assert [(t.text, t.source) for t in builder.tokens] == [("a", "accepted"), ("é", "corrected")]
+    assert builder.tokens[1].replaced == "z" and builder.message().content == "aé"
+
+
+def test_streamed_pieces_join_to_the_full_decode():
+    tokenizer = byte_level_tokenizer()
+    text = "naïve café — 世界 🤖 ok"
+    builder = AnswerBuilder(tokenizer, "plain")
+    for token_id in tokenizer.encode(text):
+        builder.add(Step([EmittedToken(token_id, Source.PLAIN, 0.5)], [], Stats()))
+    assert "".join(t.text for t in builder.tokens) == text == builder.message().content
+
+
+def test_a_superseded_load_returns_no_engine():
+    loads = []
+
+    def load(source, device, dtype, report, precision):
+        loads.append(source)
+        if source == "slow-target":
+            newer.append(cache.request())  # the user picks other models while this one loads
+        return tiny_model(seed=1)
+
+    cache, newer = ModelCache(load), []
+    old = cache.request()
+    assert cache.engine(old, LoadOptions(target="slow-target"), lambda *_: None) is None
+    assert loads == ["slow-target"]  # stopped before loading the draft
+    assert cache.engine(newer[0], LoadOptions(target="slow-target"), lambda *_: None) is not None
+    assert loads == ["slow-target", "default-draft"]  # the target was kept, not loaded twice
