@@ -21,10 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
     bench = commands.add_parser("bench", help="headless benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
-    from .bench import seed, speed
+    from .bench import seed, speed, ui
 
     speed.add_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
     seed.add_arguments(bench_kinds.add_parser("seed", help="GSM8K, MMLU, CNN/DailyMail: speed and quality"))
+    ui.add_arguments(bench_kinds.add_parser("ui", help="the window's cost per streaming update, at the start and end of a long answer"))
     return parser
 
 
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
             from .bench.seed import run_seed
 
             run_seed(args)
+        elif args.bench == "ui":
+            from .bench.ui import run_ui
+
+            run_ui(args)
         else:
             from .bench.speed import run_speed
 

@@ -200,3 +200,106 @@ def test_added_model_with_another_vocabulary_is_flagged(qtbot, make_window, tmp_
     index = window.controls.draft.findData(folder)
     qtbot.waitUntil(lambda: window.controls.draft.itemText(index).endswith("(different vocabulary)"), timeout=20_000)
     assert "do not share a vocabulary" in window.controls.draft.itemData(index, Qt.ToolTipRole)
+
+
+def test_acceptance_view_stays_in_sight_at_1280x800(qtbot, make_window):
+    window = make_window()
+    window.resize(1280, 800)
+    send_and_wait(qtbot, window)
+    assert (window.width(), window.height()) == (1280, 800)  # the layout's minimum fits
+    view = window.acceptance
+    for widget in (view.histogram, view.trace, view.context, view.fields["speed"], view.comparison):
+        assert widget.isVisible() and widget.visibleRegion().boundingRect() == widget.rect(), widget
+    assert view.context.value() > 0 and "tokens" in view.context.format()
+    assert view.fields["first"].text().endswith(" s")
+
+
+def test_regenerate_keeps_versions_to_flip_between(qtbot, make_window):
+    window = make_window(max_new_tokens=12)
+    first = send_and_wait(qtbot, window)
+    window.controls.speculative.setChecked(False)  # each version keeps its own settings and stats
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.regenerate_button.click()
+    answer = window.conversation.messages[-1]
+    assert len(window.conversation.messages) == 2 and len(answer.versions) == 2 and answer.shown == 1
+    assert answer.stats.mode == "plain" and answer.versions[0].stats.mode.startswith("speculative")
+    assert "2/2" in window.chat_view.toPlainText()
+    window.on_message_action("version", 1, 0)
+    assert answer.shown == 0 and answer.content == first.content and "1/2" in window.chat_view.toPlainText()
+    saved = ChatStore(window.store.path).load_chat(window.conversation.id).messages[-1]
+    assert saved.shown == 0 and [v.stats.mode for v in saved.versions] == [v.stats.mode for v in answer.versions]
+
+
+def test_edit_and_resend_continues_from_the_edited_message(qtbot, make_window):
+    window = make_window(max_new_tokens=8)
+    send_and_wait(qtbot, window, "t1 t2")
+    send_and_wait(qtbot, window, "t3 t4")
+    window.on_message_action("edit", 0, 0)
+    assert window.composer.toPlainText() == "t1 t2" and window.edit_banner.isVisibleTo(window)
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.composer.setPlainText("t9 t9")
+        window.send_button.click()
+    roles = [(m.role, m.content if m.role == "user" else "") for m in window.conversation.messages]
+    assert roles == [("user", "t9 t9"), ("assistant", "")]
+    saved = ChatStore(window.store.path).load_chat(window.conversation.id).messages
+    assert [m.content for m in saved] == [m.content for m in window.conversation.messages]
+
+
+def test_a_question_left_unanswered_can_be_answered(qtbot, make_window, tmp_path):
+    from app.chat.conversation import Conversation, Message
+
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    chat = Conversation(title="killed before the answer")
+    store.add_message(chat, Message("user", "t5 t6"))
+    window = make_window()
+    window.open_chat(chat.id)
+    assert "No answer yet" in window.chat_view.toPlainText()
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.on_message_action("answer", 0, 0)
+    assert [m.role for m in window.conversation.messages] == ["user", "assistant"]
+    assert "No answer yet" not in window.chat_view.toPlainText()
+
+
+def test_copy_message_and_code_block(qtbot, make_window):
+    from PySide6.QtWidgets import QApplication
+
+    from app.chat.conversation import Message
+
+    window = make_window()
+    window.conversation.messages.append(Message("user", "Show code:\n```python\nprint(1)\n```\nthanks"))
+    window.chat_view.show_messages(window.conversation.messages)
+    window.on_message_action("copy", 0, 0)
+    assert QApplication.clipboard().text() == window.conversation.messages[0].content
+    window.on_message_action("copycode", 0, 0)
+    assert QApplication.clipboard().text() == "print(1)\n"
+
+
+def test_system_prompt_reaches_the_model_and_is_saved(qtbot, make_window):
+    window = make_window(system_prompt="t7 t7 t7")
+    assert window.conversation.system_prompt == "t7 t7 t7"  # the default from settings
+    send_and_wait(qtbot, window, "t1")
+    window.session.set_system_prompt("t8")
+    assert window.conversation.prompt_messages()[0] == {"role": "system", "content": "t8"}
+    assert ChatStore(window.store.path).load_chat(window.conversation.id).system_prompt == "t8"
+
+
+def test_selection_survives_while_an_answer_streams(qtbot, make_window):
+    from PySide6.QtGui import QTextCursor
+
+    window = make_window(max_new_tokens=8)
+    send_and_wait(qtbot, window, "t1 t2 t3")
+    window.controls.max_new_tokens.setValue(200)
+    window.composer.setPlainText("t4")
+    window.send_button.click()
+    wait_until_streaming(qtbot, window)
+    cursor = window.chat_view.textCursor()
+    cursor.setPosition(0)
+    cursor.setPosition(5, QTextCursor.KeepAnchor)  # "You  " of the first message
+    window.chat_view.setTextCursor(cursor)
+    selected = window.chat_view.textCursor().selectedText()
+    tokens_then = len(window.session.builder.tokens)
+    qtbot.waitUntil(lambda: window.session.builder is None or len(window.session.builder.tokens) > tokens_then + 20,
+                    timeout=20_000)
+    assert window.chat_view.textCursor().selectedText() == selected and selected
+    window.stop()
+    qtbot.waitUntil(lambda: not window.session.busy, timeout=20_000)

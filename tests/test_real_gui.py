@@ -30,12 +30,12 @@ def test_screenshot_command_writes_the_window(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     image = QImage(str(shot))
-    assert (image.width(), image.height()) == (1400, 900)
+    assert (image.width(), image.height()) == (1280, 800)
     # The answer is there, coloured: text pixels in the chat area carry the accepted colour
     # (anti-aliasing blends glyph edges, so close counts).
     accepted = QColor(LIGHT.accepted)
     near = lambda c: abs(c.red() - accepted.red()) + abs(c.green() - accepted.green()) + abs(c.blue() - accepted.blue()) < 40
-    assert sum(near(image.pixelColor(x, y)) for x in range(280, 950) for y in range(100, 700)) > 10
+    assert sum(near(image.pixelColor(x, y)) for x in range(230, 880) for y in range(100, 650)) > 10
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,9 @@
-"""Answer rendering: provenance styles per token, code blocks, inline Markdown, ghosts."""
+"""Answer rendering: Markdown through markdown-it-py with every token still a coloured link."""
+import re
+
 from app.chat.conversation import TokenRecord
-from app.ui.render import RenderOptions, answer_html, parse_href
+from app.ui.render import (RenderOptions, answer_html, code_blocks, markdown_html, parse_action, parse_href,
+                           token_owners)
 from app.ui.theme import DARK, LIGHT
 
 
@@ -8,11 +11,20 @@ def tok(text, source="accepted", **extra):
     return TokenRecord(text, source, 0.9, 0.8, **extra)
 
 
+def linked_text(html: str) -> dict[int, str]:
+    """token index -> the text rendered inside its links."""
+    found: dict[int, str] = {}
+    for index, text in re.findall(r'href="tok:\d+:(\d+)"[^>]*>([^<]*)</a>', html):
+        found[int(index)] = found.get(int(index), "") + text
+    return found
+
+
 def test_each_token_is_a_link_in_its_colour():
     tokens = [tok("Hello"), tok(" big", "corrected", replaced=" small", rejected=" small world"), tok(" world", "bonus")]
     html = answer_html(3, tokens, RenderOptions(LIGHT))
     for index, token in enumerate(tokens):
         assert f'href="tok:3:{index}" style="color:{LIGHT.colour(token.source)}' in html
+    assert linked_text(html) == {0: "Hello", 1: " big", 2: " world"}
     assert "line-through" not in html  # ghosts are off by default
     assert "small world" in answer_html(3, tokens, RenderOptions(LIGHT, ghosts=True))
     assert parse_href("tok:3:1") == (3, 1)
@@ -23,16 +35,30 @@ def test_colouring_off_uses_the_text_colour():
     assert DARK.corrected not in html and DARK.bonus not in html and DARK.text in html
 
 
-def test_code_block_and_inline_markdown():
-    tokens = [tok("Use "), tok("`x"), tok("`"), tok(" and "), tok("**bold**"), tok("\n```"), tok("python\n"),
-              tok("print(1)"), tok("\n```")]
+def test_markdown_markers_are_rendered_and_tokens_keep_their_text():
+    tokens = [tok("## "), tok("Title"), tok("\n\nUse "), tok("`x"), tok("`"), tok(" and "), tok("**bold**"),
+              tok("\n\n1. one\n2. t"), tok("wo", "corrected"), tok("\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"),
+              tok("\n```"), tok("python\n"), tok("print(1 < 2)"), tok("\n```\nSee [the docs](https://x.y) & more")]
     html = answer_html(0, tokens, RenderOptions(LIGHT))
-    assert "`" not in html.replace("```", "") and "**" not in html
-    assert "font-family:monospace;" in html and "font-weight:700;" in html
-    assert "<pre" in html and "print(1)" in html
-    assert ">python</p>" in html  # the fence's language label
+    assert "**" not in html and "`" not in html and "##" not in html and "|" not in html
+    for tag in ("<h2>", "<code>", "<strong>", "<ol>", "<li>", "<table", "<th>", "<td>", "<pre", '<a href="https://x.y">'):
+        assert tag in html, tag
+    text = linked_text(html)
+    assert text[1] == "Title" and text[3] == "x" and text[6] == "bold" and text[8] == "wo"
+    assert text[12] == "print(1 &lt; 2)"  # the code, not the fence's language name
+    assert "python · " in html and 'href="act:copycode:0:0"' in html
+    assert 'href="tok:0:8" style="color:#D55E00;text-decoration:underline' in html
 
 
-def test_heading_markers_are_hidden():
-    html = answer_html(0, [tok("## "), tok("Title")], RenderOptions(LIGHT))
-    assert "##" not in html and "Title" in html and "font-size:large" in html
+def test_code_blocks_are_found_for_copying():
+    text = "Intro\n```python\ndef f():\n    return 1\n```\nand\n\n    indented code\n"
+    assert code_blocks(text) == ["def f():\n    return 1\n", "indented code\n"]
+    assert parse_action("act:copycode:4:1") == ("copycode", 4, 1)
+
+
+def test_a_part_of_an_answer_renders_with_global_token_indices():
+    tokens = [tok("First paragraph.\n\n"), tok("Second "), tok("one.", "bonus")]
+    text = "".join(t.text for t in tokens)
+    cut = len(tokens[0].text)
+    html = markdown_html(0, text[cut:], token_owners(tokens)[cut:], tokens, RenderOptions(LIGHT))
+    assert linked_text(html) == {1: "Second ", 2: "one."}

@@ -149,3 +149,25 @@ def test_a_superseded_load_returns_no_engine():
     assert loads == ["slow-target"]  # stopped before loading the draft
     assert cache.engine(newer[0], LoadOptions(target="slow-target"), lambda *_: None) is not None
     assert loads == ["slow-target", "default-draft"]  # the target was kept, not loaded twice
+
+
+def test_the_system_prompt_comes_first(tmp_path, engine):
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    session.new_chat(system_prompt="t42 t43")
+    request = session.ask("t1", engine, options())
+    text = engine.target.tokenizer.decode(request.prompt_ids)
+    assert text.index("t42 t43") < text.index("t1")
+
+
+def test_regenerate_and_edit_keep_the_store_consistent(tmp_path, engine):
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    run(session, engine, session.ask("t1", engine, options(max_new_tokens=6)))
+    run(session, engine, session.ask("t2", engine, options(max_new_tokens=6)))
+    run(session, engine, session.regenerate(engine, options(max_new_tokens=9)))
+    last = session.conversation.messages[-1]
+    assert [v.stats.tokens for v in last.versions] == [6, 9] and last.shown == 1
+    run(session, engine, session.edit(2, "t3", engine, options(max_new_tokens=5)))
+    saved = session.store.load_chat(session.conversation.id).messages
+    assert [(m.role, m.content) for m in saved] == [(m.role, m.content) for m in session.conversation.messages]
+    assert [m.role for m in saved] == ["user", "assistant", "user", "assistant"] and saved[2].content == "t3"
+    assert not saved[-1].versions

@@ -95,6 +95,23 @@ class AnswerStats:
 
 
 @dataclass
+class Version:
+    """One answer to a prompt; regenerating adds another and keeps this one."""
+
+    content: str
+    tokens: list[TokenRecord]
+    stats: AnswerStats | None
+
+    def to_dict(self) -> dict:
+        return {"content": self.content, "tokens": [asdict(t) for t in self.tokens],
+                "stats": self.stats.to_dict() if self.stats else {}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Version:
+        return cls(data["content"], [TokenRecord(**t) for t in data["tokens"]], AnswerStats.from_dict(data["stats"]))
+
+
+@dataclass
 class Message:
     role: str  # "user" | "assistant"
     content: str
@@ -102,12 +119,27 @@ class Message:
     stats: AnswerStats | None = None  # assistant messages
     created: float = field(default_factory=time.time)
     id: int | None = None  # set by the store
+    # Every answer made for this place in the chat, oldest first, when there is more than one;
+    # content, tokens and stats are those of versions[shown].
+    versions: list[Version] = field(default_factory=list)
+    shown: int = 0
 
     def to_prompt(self) -> dict[str, str]:
         return {"role": self.role, "content": self.content}
 
     def tokens_as_dicts(self) -> list[dict]:
         return [asdict(token) for token in self.tokens]
+
+    def add_version(self, answer: Message) -> None:
+        """Keeps what is shown now and shows `answer` (a regenerated answer)."""
+        if not self.versions:
+            self.versions = [Version(self.content, self.tokens, self.stats)]
+        self.versions.append(Version(answer.content, answer.tokens, answer.stats))
+        self.show(len(self.versions) - 1)
+
+    def show(self, index: int) -> None:
+        version = self.versions[index]
+        self.content, self.tokens, self.stats, self.shown = version.content, version.tokens, version.stats, index
 
 
 @dataclass
@@ -116,6 +148,9 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
     id: int | None = None
     updated: float = field(default_factory=time.time)
+    system_prompt: str = ""  # sent before the messages when not empty
 
-    def prompt_messages(self) -> list[dict[str, str]]:
-        return [m.to_prompt() for m in self.messages]
+    def prompt_messages(self, upto: int | None = None) -> list[dict[str, str]]:
+        """The chat as the model sees it: the system prompt, then messages[:upto]."""
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
+        return system + [m.to_prompt() for m in self.messages[:upto]]

@@ -19,6 +19,7 @@ SAVE_EVERY_SECONDS = 1.0  # a kill -9 loses at most about this much of a streami
 
 class RequestKind(str, Enum):
     ANSWER = "answer"  # a new answer to the last user message
+    REGENERATE = "regenerate"  # another version of the last answer; the earlier ones are kept
     COMPARE = "compare"  # the last answer's prompt again with speculation off; not added to the chat
 
 
@@ -46,16 +47,16 @@ class ChatSession:
         self.errors: list[str] = []  # save failures for the window to show; the data stays in memory
         self.answer_options: GenerationOptions | None = None  # what the last answer here was made with
         self._saved_at = 0.0
-        self._streaming_saved = False  # the streaming answer has a row in the store
+        self._streaming_id: int | None = None  # the streaming answer's row in the store, once saved
 
     # ---- chats ------------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
         return self.request is not None
 
-    def new_chat(self) -> None:
+    def new_chat(self, system_prompt: str = "") -> None:
         self._require_idle()
-        self.conversation, self.answer_options = Conversation(), None
+        self.conversation, self.answer_options = Conversation(system_prompt=system_prompt), None
 
     def open_chat(self, chat_id: int) -> None:
         self._require_idle()
@@ -64,6 +65,25 @@ class ChatSession:
     def last_answer(self) -> Message | None:
         answers = [m for m in self.conversation.messages if m.role == "assistant" and m.stats and m.stats.token_ids]
         return answers[-1] if answers else None
+
+    def unanswered(self) -> bool:
+        """The last message is a question without an answer (e.g. the app was killed first)."""
+        return bool(self.conversation.messages) and self.conversation.messages[-1].role == "user"
+
+    def can_regenerate(self) -> bool:
+        return bool(self.conversation.messages) and self.conversation.messages[-1].role == "assistant"
+
+    def set_system_prompt(self, text: str) -> None:
+        self.conversation.system_prompt = text
+        if self.conversation.id is not None:
+            self._save(lambda: self.store.set_system_prompt(self.conversation.id, text))
+
+    def show_version(self, index: int, version: int) -> None:
+        """Flips the answer at messages[index] to another of its versions (saved)."""
+        message = self.conversation.messages[index]
+        if 0 <= version < len(message.versions) and not (self.busy and index == len(self.conversation.messages) - 1):
+            message.show(version)
+            self._save(lambda: self.store.update_message(message))
 
     # ---- requests -----------------------------------------------------------------------------
     def ask(self, text: str, engine: SpeculativeEngine, options: GenerationOptions) -> Request:
@@ -76,6 +96,33 @@ class ChatSession:
         self._save(lambda: self.store.add_message(self.conversation, user))
         return self._begin(RequestKind.ANSWER, self.conversation.prompt_messages(), engine, options)
 
+    def answer(self, engine: SpeculativeEngine, options: GenerationOptions) -> Request | None:
+        """Answers a question left without an answer."""
+        self._require_idle()
+        if not self.unanswered():
+            return None
+        return self._begin(RequestKind.ANSWER, self.conversation.prompt_messages(), engine, options)
+
+    def regenerate(self, engine: SpeculativeEngine, options: GenerationOptions) -> Request | None:
+        """Another answer to the last question, with the current options."""
+        self._require_idle()
+        if not self.can_regenerate():
+            return None
+        prompt = self.conversation.prompt_messages(upto=len(self.conversation.messages) - 1)
+        return self._begin(RequestKind.REGENERATE, prompt, engine, options)
+
+    def edit(self, index: int, text: str, engine: SpeculativeEngine, options: GenerationOptions) -> Request:
+        """Replaces the user message at `index` and answers it; the chat continues from there
+        (the messages after it are removed)."""
+        self._require_idle()
+        message = self.conversation.messages[index]
+        if message.role != "user":
+            raise ValueError("only your own messages can be edited")
+        if message.id is not None:
+            self._save(lambda: self.store.delete_messages_from(self.conversation.id, message.id))
+        del self.conversation.messages[index:]
+        return self.ask(text, engine, options)
+
     def compare(self, engine: SpeculativeEngine, options: GenerationOptions) -> Request | None:
         """The last answer's prompt again with speculation off, with the options that answer was
         made with (`options` when they are not known, as in a reopened chat)."""
@@ -84,7 +131,7 @@ class ChatSession:
         if answer is None:
             return None
         index = self.conversation.messages.index(answer)
-        prompt = [m.to_prompt() for m in self.conversation.messages[:index]]
+        prompt = self.conversation.prompt_messages(upto=index)
         return self._begin(RequestKind.COMPARE, prompt, engine, replace(self.answer_options or options, speculative=False))
 
     def _begin(self, kind: RequestKind, prompt: list[dict], engine: SpeculativeEngine,
@@ -92,17 +139,26 @@ class ChatSession:
         tokenizer = engine.target.tokenizer
         prompt_ids = chat_prompt_ids(tokenizer, prompt)
         self.request = Request(kind, prompt_ids, options)
-        if kind is RequestKind.ANSWER:
+        if kind is not RequestKind.COMPARE:
             self.answer_options = options
         self.builder = AnswerBuilder(tokenizer, describe(options), len(prompt_ids), engine.target.context_length)
-        self._saved_at, self._streaming_saved = self.clock(), False
+        self._saved_at, self._streaming_id = self.clock(), None
         return self.request
 
     def streaming_message(self) -> Message | None:
         """The answer as it grows (None while comparing: that run is not part of the chat)."""
-        if self.builder is None or self.request.kind is not RequestKind.ANSWER:
+        if self.builder is None or self.request.kind is RequestKind.COMPARE:
             return None
         return self.builder.message()
+
+    def visible_messages(self) -> list[Message]:
+        """What the chat shows now: a regenerated answer streams in place of the one it replaces."""
+        messages, streaming = self.conversation.messages, self.streaming_message()
+        if streaming is None:
+            return list(messages)
+        if self.request.kind is RequestKind.REGENERATE:
+            return messages[:-1] + [streaming]
+        return messages + [streaming]
 
     def add_step(self, step: Step) -> None:
         if self.builder is None:
@@ -126,33 +182,42 @@ class ChatSession:
             answer.stats = replace(answer.stats, comparison=Comparison.of(answer, builder.message()))
             self._save(lambda: self.store.update_message(answer))
             return answer
+        if request.kind is RequestKind.REGENERATE:
+            return self._add_version(builder.message())
         message = self._save_streaming(builder, None)
         self.conversation.messages.append(message)
         return message
 
     def interrupt(self) -> None:
         """The window is closing mid-answer: keep what was generated, marked as interrupted."""
-        if self.builder is not None and self.request.kind is RequestKind.ANSWER and self.builder.tokens:
-            message = self._save_streaming(self.builder, FinishReason.INTERRUPTED)
-            self.conversation.messages.append(message)
+        if self.builder is not None and self.builder.tokens:
+            if self.request.kind is RequestKind.ANSWER:
+                self.conversation.messages.append(self._save_streaming(self.builder, FinishReason.INTERRUPTED))
+            elif self.request.kind is RequestKind.REGENERATE:
+                self._add_version(self.builder.message(FinishReason.INTERRUPTED))
         self.builder = self.request = None
+
+    def _add_version(self, answer: Message) -> Message:
+        message = self.conversation.messages[-1]
+        message.add_version(answer)
+        self._save(lambda: self.store.update_message(message))
+        return message
 
     # ---- saving -------------------------------------------------------------------------------
     def _save_streaming(self, builder: AnswerBuilder, finish: FinishReason | None) -> Message:
         message = builder.message(finish)
-        if self._streaming_saved:
-            message.id = self._streaming_id
+        message.id = self._streaming_id
+        if message.id is not None:
             self._save(lambda: self.store.update_message(message))
-        elif message.tokens:
-            self._streaming_saved = self._save(lambda: self.store.add_message(self.conversation, message))
+        elif message.tokens and self._save(lambda: self.store.add_message(self.conversation, message)):
             self._streaming_id = message.id
         self._saved_at = self.clock()
         return message
 
     def _forget_streaming_row(self) -> None:
-        if self._streaming_saved:
+        if self._streaming_id is not None:
             self._save(lambda: self.store.delete_message(self._streaming_id))
-            self._streaming_saved = False
+            self._streaming_id = None
 
     def _save(self, write) -> bool:
         try:

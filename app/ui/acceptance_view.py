@@ -6,7 +6,7 @@ from collections import Counter
 
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
-from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QVBoxLayout, QWidget
 
 from ..chat.conversation import AnswerStats, Comparison
 from .render import comparison_html
@@ -86,9 +86,14 @@ class AcceptanceView(QWidget):
         form = QFormLayout(box)
         self.fields = {}
         for key, label in [("mode", "Mode"), ("acceptance", "Acceptance rate"), ("length", "Mean accepted length"),
-                           ("speed", "Speed"), ("time", "Draft / target time"), ("memory", "Memory")]:
+                           ("speed", "Speed"), ("first", "First token"), ("time", "Draft / target time"),
+                           ("memory", "Memory")]:
             self.fields[key] = QLabel("–", wordWrap=True)
             form.addRow(label, self.fields[key])
+        self.context = QProgressBar(textVisible=True, maximumHeight=16)
+        self.context.setFormat("no answer yet")
+        self.context.setToolTip("How much of the target's context window this chat's last answer used")
+        form.addRow("Context", self.context)
         self.histogram = Histogram()
         self.trace = Trace()
         form.addRow(QLabel("Accepted length per step"))
@@ -118,9 +123,16 @@ class AcceptanceView(QWidget):
         self.fields["length"].setText(f"{stats.mean_accepted_length:.2f} tokens per target pass")
         self.fields["speed"].setText(f"{stats.tokens_per_s:.2f} tokens/s ({stats.tokens} tokens)")
         self.fields["time"].setText(f"{stats.draft_seconds:.1f} s / {stats.target_seconds:.1f} s")
+        self.fields["first"].setText("–" if stats.first_token_seconds is None else f"{stats.first_token_seconds:.2f} s")
+        self.show_context(stats.context_used, stats.context_length)
         self.histogram.set_lengths(list(stats.accepted_lengths))
         self.trace.set_values(list(stats.acceptance_trace))
         self.show_comparison(stats.comparison)
+
+    def show_context(self, used: int, length: int) -> None:
+        self.context.setRange(0, max(length, 1))
+        self.context.setValue(min(used, length))
+        self.context.setFormat(f"{used:,} / {length:,} tokens ({used / length:.0%})" if length else f"{used:,} tokens")
 
     def show_memory(self, text: str) -> None:
         self.fields["memory"].setText(text)

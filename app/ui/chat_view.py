@@ -1,11 +1,23 @@
-"""The conversation view: streamed answers, token colours, and a tooltip per token."""
+"""The conversation view: Markdown answers with every token coloured by provenance, a tooltip
+per token, action links (copy, edit, regenerate, versions), and streaming whose cost per update
+does not grow with the answer or the chat.
+
+While an answer streams, only its end is rewritten: the Markdown blocks that are complete (up to
+the last blank line outside a code fence) are rendered once and stay in the document; the open
+block after them is re-rendered on each update. Everything before the answer is left alone, so
+a selection there survives and copying works while the answer grows.
+"""
 from __future__ import annotations
 
-from PySide6.QtGui import QMouseEvent
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QUrl, Signal
+from PySide6.QtGui import QMouseEvent, QTextCursor
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
 from ..chat.conversation import Message, TokenRecord
-from .render import RenderOptions, conversation_html, parse_href
+from .render import (RenderOptions, body_start, code_blocks, markdown_html, message_header_html, message_html,
+                     parse_action, parse_href, unanswered_html)
 from .theme import SOURCE_HELP
 
 
@@ -18,35 +30,166 @@ def token_tooltip(token: TokenRecord) -> str:
     return "<br>".join(lines)
 
 
+@dataclass
+class _Stream:
+    """Where the streaming answer's open block starts in the document, and what is closed."""
+
+    message_index: int
+    before: list[int]  # ids of the messages shown above the answer
+    header_start: int  # document position where the answer's header begins
+    tail_start: int  # document position after the closed blocks
+    closed: int = 0  # characters of the answer rendered for good
+    code_blocks: int = 0  # fenced blocks among them (numbers the copy links)
+    scanned: int = 0  # characters scanned for block boundaries
+    in_fence: bool = False
+    boundary: int = 0  # end of the last blank line outside a fence
+    owners: list[int] = field(default_factory=list)  # token index of each character
+    tokens: int = 0  # tokens whose characters are in owners
+
+
 class ChatView(QTextBrowser):
+    action_requested = Signal(str, int, int)  # action, message index, extra (a code block, a version)
+
     def __init__(self, options: RenderOptions) -> None:
         super().__init__()
         self.options = options
         self.messages: list[Message] = []
+        self._stream: _Stream | None = None
+        self._shown: tuple[list[int], bool] = ([], False)  # what show_messages last rendered
+        self._html_cache: dict[tuple, str] = {}
         self.setOpenLinks(False)
         self.setMouseTracking(True)
         self.viewport().setMouseTracking(True)
         self.setPlaceholderText("Ask anything. Tokens are coloured by where they came from.")
+        self.anchorClicked.connect(self._on_anchor)
 
-    def show_messages(self, messages: list[Message]) -> None:
-        """Render `messages` (the last may still be streaming); stays at the bottom if it was there."""
-        bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 4
-        self.messages = messages
-        self.setHtml(conversation_html(messages, self.options))
-        if at_bottom:
-            bar.setValue(bar.maximum())
+    # ---- whole conversation -------------------------------------------------------------------
+    def show_messages(self, messages: list[Message], answer_follows: bool = False) -> None:
+        """Render finished `messages`; stays at the bottom if it was there. A last question gets
+        an "Answer it" link unless `answer_follows`."""
+        self._stream = None
+        self.messages = list(messages)
+        self._shown = ([id(m) for m in messages], answer_follows)
+        parts = [body_start(self.options)]
+        parts += [self._message_html(i, m, last=i == len(messages) - 1) for i, m in enumerate(messages)]
+        if messages and messages[-1].role == "user" and not answer_follows:
+            parts.append(unanswered_html(len(messages) - 1, self.options))
+        self._keep_bottom(lambda: self.setHtml("".join(parts) + "</body>"))
+
+    def _message_html(self, index: int, message: Message, last: bool) -> str:
+        key = (id(message), len(message.versions), message.shown, message.content, message.stats, index, last,
+               self.options)
+        if key not in self._html_cache:
+            if len(self._html_cache) > 1000:
+                self._html_cache.clear()
+            self._html_cache[key] = message_html(index, message, self.options, last)
+        return self._html_cache[key]
 
     def set_options(self, options: RenderOptions) -> None:
         self.options = options
         self.show_messages(self.messages)
 
+    # ---- streaming ------------------------------------------------------------------------------
+    def stream(self, before: list[Message], answer: Message) -> None:
+        """Show `answer` growing after the finished messages `before` (called on each update)."""
+        if self._stream is None or self._stream.before != [id(m) for m in before]:
+            self._begin_stream(before, answer)
+        stream = self._stream
+        self.messages[-1] = answer
+        text = answer.content
+        stream.owners += [i for i in range(stream.tokens, len(answer.tokens)) for _ in answer.tokens[i].text]
+        stream.tokens = len(answer.tokens)
+        self._scan(stream, text)
+
+        def update() -> None:
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(stream.tail_start)
+            cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+            cursor.removeSelectedText()
+            if stream.boundary > stream.closed:  # blocks completed since the last update: render them for good
+                chunk = text[stream.closed : stream.boundary]
+                cursor.insertHtml(self._part_html(stream, answer, stream.closed, stream.boundary))
+                stream.code_blocks += len(code_blocks(chunk))
+                stream.closed = stream.boundary
+                cursor.insertBlock()  # the open block starts a paragraph of its own
+                stream.tail_start = cursor.position()
+            if stream.closed < len(text):
+                cursor.insertHtml(self._part_html(stream, answer, stream.closed, len(text)))
+
+        self._keep_bottom(update)
+
+    def _begin_stream(self, before: list[Message], answer: Message) -> None:
+        if self._shown != ([id(m) for m in before], True):  # else the document already ends with them
+            self.show_messages(before, answer_follows=True)
+        self.messages = list(before) + [answer]
+        self._shown = ([], False)  # the document now holds more than show_messages rendered
+        index = len(before)
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.End)
+        if before:
+            cursor.insertBlock()
+        header_start = cursor.position()
+        cursor.insertHtml(message_header_html(index, answer, self.options, last=True, streaming=True))
+        cursor.insertBlock()
+        self._stream = _Stream(index, [id(m) for m in before], header_start, tail_start=cursor.position())
+
+    def finish(self, messages: list[Message]) -> None:
+        """The answer that streamed is done: rewrite only it (with its stats and actions), so a
+        selection above it survives; any other change re-renders the whole conversation."""
+        stream = self._stream
+        if stream is None or len(messages) != stream.message_index + 1 or \
+                [id(m) for m in messages[:-1]] != stream.before:
+            self.show_messages(messages)
+            return
+        self._stream = None
+        self.messages = list(messages)
+        self._shown = ([id(m) for m in messages], False)
+
+        def update() -> None:
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(stream.header_start)
+            cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+            cursor.removeSelectedText()
+            cursor.insertHtml(self._message_html(stream.message_index, messages[-1], last=True))
+
+        self._keep_bottom(update)
+
+    @staticmethod
+    def _scan(stream: _Stream, text: str) -> None:
+        """Finds block boundaries in the text added since the last scan (whole lines only)."""
+        end = text.rfind("\n") + 1
+        for line_end in _line_ends(text, stream.scanned, end):
+            line = text[stream.scanned : line_end].strip()
+            if line.startswith(("```", "~~~")):
+                stream.in_fence = not stream.in_fence
+            elif not line and not stream.in_fence:
+                stream.boundary = line_end
+            stream.scanned = line_end
+
+    def _part_html(self, stream: _Stream, answer: Message, start: int, end: int) -> str:
+        text = answer.content[start:end]
+        return markdown_html(stream.message_index, text, stream.owners[start:end], answer.tokens, self.options,
+                             first_code_block=stream.code_blocks)
+
+    def _keep_bottom(self, change) -> None:
+        bar = self.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 4
+        change()
+        if at_bottom:
+            bar.setValue(bar.maximum())
+
+    # ---- tokens and actions -------------------------------------------------------------------
     def token_at(self, href: str) -> TokenRecord | None:
         where = parse_href(href)
         if where is None or where[0] >= len(self.messages):
             return None
         tokens = self.messages[where[0]].tokens
         return tokens[where[1]] if where[1] < len(tokens) else None
+
+    def _on_anchor(self, url: QUrl) -> None:
+        action = parse_action(url.toString())
+        if action is not None:
+            self.action_requested.emit(*action)
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:
         token = self.token_at(self.anchorAt(event.position().toPoint()))
@@ -55,3 +198,11 @@ class ChatView(QTextBrowser):
         else:
             QToolTip.hideText()
         super().mouseMoveEvent(event)
+
+
+def _line_ends(text: str, start: int, end: int):
+    """Positions just after each newline in text[start:end]."""
+    position = text.find("\n", start, end)
+    while position >= 0:
+        yield position + 1
+        position = text.find("\n", position + 1, end)

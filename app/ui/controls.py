@@ -1,10 +1,11 @@
-"""The controls panel: models, speculation, draft length, proposer, sampling, device."""
+"""The controls: models, speculation, draft length, proposer, sampling, device; one tab each,
+so they take a fixed, small height below the acceptance view instead of pushing it away."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QStandardItemModel
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel,
-                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QPushButton, QSpinBox,
+                               QTabWidget, QWidget)
 
 from ..engine.engine import GenerationOptions, ProposerKind
 from ..engine.models import Precision
@@ -18,15 +19,13 @@ PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.B
                     Precision.FP32: "fp32 (reference)", Precision.INT8: "fp32 + dynamic int8"}
 
 
-class ControlsPanel(QWidget):
+class ControlsPanel(QTabWidget):
     models_changed = Signal()
     add_model_requested = Signal()
 
     def __init__(self, device_text: str) -> None:
         super().__init__()
-        layout = QVBoxLayout(self)
-
-        models = QGroupBox("Models")
+        models = QWidget()
         form = QFormLayout(models)
         self.target = QComboBox()
         self.draft = QComboBox()
@@ -54,9 +53,8 @@ class ControlsPanel(QWidget):
         form.addRow("Draft precision", self.draft_precision)
         form.addRow("", self.add_model)
         form.addRow("Device", self.device)
-        layout.addWidget(models)
 
-        speculation = QGroupBox("Speculation")
+        speculation = QWidget()
         form = QFormLayout(speculation)
         self.speculative = QCheckBox("Speculative decoding")
         self.speculative.setChecked(DEFAULTS.speculative)
@@ -75,9 +73,8 @@ class ControlsPanel(QWidget):
         form.addRow("Draft length k", self.k)
         form.addRow(self.adaptive)
         form.addRow("Proposer", self.proposer)
-        layout.addWidget(speculation)
 
-        sampling = QGroupBox("Sampling")
+        sampling = QWidget()
         form = QFormLayout(sampling)
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 2.0)
@@ -98,8 +95,8 @@ class ControlsPanel(QWidget):
         form.addRow("Top-p", self.top_p)
         form.addRow("Max new tokens", self.max_new_tokens)
         form.addRow("Seed", self.seed)
-        layout.addWidget(sampling)
-        layout.addStretch(1)
+        for page, title in ((speculation, "Speculation"), (models, "Models"), (sampling, "Sampling")):
+            self.addTab(page, title)
 
         self.target.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.draft.currentIndexChanged.connect(lambda _: self.models_changed.emit())

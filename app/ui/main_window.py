@@ -8,7 +8,7 @@ from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QCheckBox, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
                                QListWidget, QListWidgetItem, QMainWindow, QMessageBox, QProgressDialog, QPushButton,
-                               QScrollArea, QSplitter, QVBoxLayout, QWidget)
+                               QSplitter, QVBoxLayout, QWidget)
 
 from ..chat.export import to_markdown
 from ..chat.session import ChatSession, RequestKind
@@ -21,7 +21,7 @@ from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
 from .controls import ControlsPanel
-from .render import RenderOptions
+from .render import RenderOptions, code_blocks
 from .theme import RESOURCES, SOURCE_HELP, THEMES
 from .worker import GenerationWorker, Loader
 
@@ -45,6 +45,7 @@ class MainWindow(QMainWindow):
         self.models = ModelCache(load)
         self.session = ChatSession(store)
         self.engine: SpeculativeEngine | None = None
+        self.editing: int | None = None  # index of the user message being edited in the composer
         self.worker = GenerationWorker()
         self.loader = Loader()
         self.progress: QProgressDialog | None = None
@@ -60,6 +61,7 @@ class MainWindow(QMainWindow):
         self._build_layout()
         self._build_menus()
         self._restore_settings()
+        self.session.new_chat(self.default_system_prompt())
         self._connect()
         self.apply_view_options()
         self.refresh_chat_list()
@@ -94,38 +96,46 @@ class MainWindow(QMainWindow):
         legend_row.addWidget(self.ghosts)
         middle.addLayout(legend_row)
         middle.addWidget(self.chat_view, 1)
+        self.edit_banner = QLabel("Editing your message: Send resends it and the chat continues from there "
+                                  "(later messages are removed). Esc cancels.", wordWrap=True)
+        self.edit_banner.hide()
+        middle.addWidget(self.edit_banner)
         middle.addWidget(self.composer)
         actions = QHBoxLayout()
         self.compare_button = QPushButton("Compare")
         self.compare_button.setToolTip("Rerun the last prompt with speculation off (same seed and settings)")
+        self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.setToolTip("Another answer to the last question with the current settings (Ctrl+R);\n"
+                                          "the earlier answers stay as versions to flip between")
         self.stop_button = QPushButton("Stop")
         self.send_button = QPushButton("Send", objectName="primary")
         actions.addStretch(1)
-        for button in (self.compare_button, self.stop_button, self.send_button):
+        for button in (self.regenerate_button, self.compare_button, self.stop_button, self.send_button):
             actions.addWidget(button)
         middle.addLayout(actions)
 
-        right = QWidget()
-        right_layout = QVBoxLayout(right)
-        right_layout.addWidget(self.controls)
-        right_layout.addWidget(self.acceptance)
-        scroll = QScrollArea(widgetResizable=True)
-        scroll.setWidget(right)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(400)
+        # The acceptance view stays in sight while an answer streams; the controls sit below it
+        # as tabs of fixed height (each tab scrolls on its own when the window is very short).
+        right = QSplitter(Qt.Vertical)
+        right.addWidget(self.acceptance)
+        right.addWidget(self.controls)
+        right.setStretchFactor(0, 1)
+        right.setChildrenCollapsible(False)
+        right.setMinimumWidth(380)
 
         splitter = QSplitter()
-        for widget in (sidebar, center, scroll):
+        for widget in (sidebar, center, right):
             splitter.addWidget(widget)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([210, 770, 420])
+        splitter.setSizes([200, 700, 380])
         self.setCentralWidget(splitter)
-        self.resize(1400, 900)
+        self.resize(1280, 800)
 
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
         self.new_action = file_menu.addAction("New chat", QKeySequence.New, self.new_chat)
         file_menu.addAction("Export chat as Markdown...", QKeySequence("Ctrl+E"), self.export_markdown)
+        file_menu.addAction("Default system prompt...", self.edit_default_system_prompt)
         file_menu.addSeparator()
         file_menu.addAction("Quit", QKeySequence.Quit, self.close)
         view_menu = self.menuBar().addMenu("&View")
@@ -133,14 +143,26 @@ class MainWindow(QMainWindow):
         view_menu.addAction(self.dark_action)
         chat_menu = self.menuBar().addMenu("&Chat")
         chat_menu.addAction("Stop", QKeySequence("Esc"), self.stop)
+        chat_menu.addAction("Regenerate the last answer", QKeySequence("Ctrl+R"), self.regenerate)
+        chat_menu.addAction("Answer the unanswered question", QKeySequence("Ctrl+Shift+R"), self.answer_pending)
+        chat_menu.addAction("Edit your last message", QKeySequence("Ctrl+Shift+E"), self.edit_last)
+        chat_menu.addAction("Previous version of the last answer", QKeySequence("Alt+Left"), lambda: self.flip_version(-1))
+        chat_menu.addAction("Next version of the last answer", QKeySequence("Alt+Right"), lambda: self.flip_version(1))
+        chat_menu.addSeparator()
+        chat_menu.addAction("Copy the last answer", QKeySequence("Ctrl+Shift+C"), self.copy_last_answer)
+        chat_menu.addAction("Copy the last code block", QKeySequence("Ctrl+Shift+K"), self.copy_last_code)
+        chat_menu.addSeparator()
         chat_menu.addAction("Compare with speculation off", QKeySequence("Ctrl+K"), self.compare)
+        chat_menu.addAction("System prompt for this chat...", QKeySequence("Ctrl+Shift+P"), self.edit_system_prompt)
 
     def _connect(self) -> None:
         self.composer.send_requested.connect(self.send)
+        self.chat_view.action_requested.connect(self.on_message_action)
         self.composer.stop_requested.connect(self.stop)
         self.send_button.clicked.connect(lambda: self.send(self.composer.toPlainText().strip()))
         self.stop_button.clicked.connect(self.stop)
         self.compare_button.clicked.connect(self.compare)
+        self.regenerate_button.clicked.connect(self.regenerate)
         self.colouring.toggled.connect(self.apply_view_options)
         self.ghosts.toggled.connect(self.apply_view_options)
         self.dark_action.toggled.connect(self.apply_view_options)
@@ -307,18 +329,22 @@ class MainWindow(QMainWindow):
     def new_chat(self) -> None:
         if self.session.busy:
             return
-        self.session.new_chat()
+        self.session.new_chat(self.default_system_prompt())
+        self.cancel_edit()
         self.chat_view.show_messages([])
         self.refresh_chat_list()
+        self.set_busy(False)
 
     def open_chat(self, chat_id: int) -> None:
         if self.session.busy:
             return
         self.session.open_chat(chat_id)
+        self.cancel_edit()
         self.chat_view.show_messages(self.conversation.messages)
         answer = self.session.last_answer()
         if answer is not None:
             self.acceptance.show_stats(answer.stats)
+        self.set_busy(False)
 
     def rename_chat(self) -> None:
         if self.conversation.id is None:
@@ -362,6 +388,7 @@ class MainWindow(QMainWindow):
         ready = self.engine is not None
         self.send_button.setEnabled(ready and not busy)
         self.compare_button.setEnabled(ready and not busy and self.session.last_answer() is not None)
+        self.regenerate_button.setEnabled(ready and not busy and self.session.can_regenerate())
         self.stop_button.setEnabled(busy)
         for widget in (self.controls.add_model, self.chat_list, self.new_button, self.delete_button):
             widget.setEnabled(not busy)
@@ -369,15 +396,117 @@ class MainWindow(QMainWindow):
         for widget in (self.controls.target, self.controls.draft, self.controls.precision, self.controls.draft_precision):
             widget.setEnabled(not busy)
 
-    def send(self, text: str) -> None:
-        if not text or self.session.busy:
-            return
+    def _can_start(self) -> bool:
+        if self.session.busy:
+            return False
         if self.engine is None:
             self.statusBar().showMessage("The models are still loading; your message stays in the box.", 5000)
+            return False
+        return True
+
+    def send(self, text: str) -> None:
+        if not text or not self._can_start():
             return
         self.composer.clear()
-        self._start(self.session.ask(text, self.engine, self.controls.generation_options()))
+        options = self.controls.generation_options()
+        if self.editing is not None:
+            index, self.editing = self.editing, None
+            self.edit_banner.hide()
+            request = self.session.edit(index, text, self.engine, options)
+        else:
+            request = self.session.ask(text, self.engine, options)
+        self.chat_view.show_messages(self.conversation.messages, answer_follows=True)
+        self._start(request)
         self.refresh_chat_list()
+
+    def answer_pending(self) -> None:
+        if self._can_start() and self.session.unanswered():
+            self._start(self.session.answer(self.engine, self.controls.generation_options()))
+
+    def regenerate(self) -> None:
+        """Another answer to the last question with the current settings; earlier ones stay as versions."""
+        if self._can_start() and self.session.can_regenerate():
+            self._start(self.session.regenerate(self.engine, self.controls.generation_options()))
+
+    def edit_message(self, index: int) -> None:
+        if self.session.busy or self.conversation.messages[index].role != "user":
+            return
+        self.editing = index
+        self.composer.setPlainText(self.conversation.messages[index].content)
+        self.composer.setFocus()
+        self.edit_banner.show()
+
+    def edit_last(self) -> None:
+        users = [i for i, m in enumerate(self.conversation.messages) if m.role == "user"]
+        if users:
+            self.edit_message(users[-1])
+
+    def cancel_edit(self) -> None:
+        if self.editing is not None:
+            self.editing = None
+            self.composer.clear()
+            self.edit_banner.hide()
+
+    def flip_version(self, step: int) -> None:
+        messages = self.conversation.messages
+        if messages and messages[-1].versions:
+            self.show_version(len(messages) - 1, messages[-1].shown + step)
+
+    def show_version(self, index: int, version: int) -> None:
+        self.session.show_version(index, version)
+        self.chat_view.show_messages(self.conversation.messages)
+        self.acceptance.show_stats(self.conversation.messages[index].stats)
+        self._show_save_errors()
+
+    def copy_last_answer(self) -> None:
+        answer = self.session.last_answer()
+        if answer is not None:
+            self.copy_text(answer.content, "answer")
+
+    def copy_last_code(self) -> None:
+        answers = [m for m in self.conversation.messages if m.role == "assistant" and code_blocks(m.content)]
+        if answers:
+            self.copy_text(code_blocks(answers[-1].content)[-1], "code block")
+
+    def copy_text(self, text: str, what: str) -> None:
+        QApplication.clipboard().setText(text)
+        self.statusBar().showMessage(f"Copied the {what} ({len(text):,} characters)", 3000)
+
+    def on_message_action(self, action: str, index: int, extra: int) -> None:
+        """A link in the chat view: copy, copycode, edit, regenerate, version, answer."""
+        if index >= len(self.conversation.messages):
+            return
+        message = self.conversation.messages[index]
+        if action == "copy":
+            self.copy_text(message.content, "message")
+        elif action == "copycode":
+            blocks = code_blocks(message.content)
+            if extra < len(blocks):
+                self.copy_text(blocks[extra], "code block")
+        elif action == "edit":
+            self.edit_message(index)
+        elif action == "regenerate":
+            self.regenerate()
+        elif action == "version" and not self.session.busy:
+            self.show_version(index, extra)
+        elif action == "answer":
+            self.answer_pending()
+
+    def edit_system_prompt(self) -> None:
+        text, ok = QInputDialog.getMultiLineText(self, "System prompt", "Sent before every message of this chat:",
+                                                 self.conversation.system_prompt)
+        if ok:
+            self.session.set_system_prompt(text.strip())
+            self._show_save_errors()
+
+    def edit_default_system_prompt(self) -> None:
+        text, ok = QInputDialog.getMultiLineText(self, "Default system prompt", "New chats start with:",
+                                                 self.default_system_prompt())
+        if ok:
+            self.settings.setValue("system_prompt", text.strip())
+
+    def default_system_prompt(self) -> str:
+        return self.settings.value("system_prompt", "", str) or ""
 
     def compare(self) -> None:
         if self.session.busy or self.engine is None:
@@ -393,6 +522,7 @@ class MainWindow(QMainWindow):
         self.worker.start(self.engine, request.prompt_ids, request.options)
 
     def stop(self) -> None:
+        self.cancel_edit()
         if self.worker.running:
             self.worker.stop()
             self.statusBar().showMessage("Stopping after this step...", 3000)
@@ -406,8 +536,9 @@ class MainWindow(QMainWindow):
         if self.session.builder is None:
             return
         self.acceptance.show_stats(self.session.builder.stats)
-        streaming = self.session.streaming_message()
-        self.chat_view.show_messages(self.conversation.messages + ([streaming] if streaming else []))
+        if self.session.request.kind is not RequestKind.COMPARE:
+            visible = self.session.visible_messages()
+            self.chat_view.stream(visible[:-1], visible[-1])
 
     def _on_generation_finished(self) -> None:
         self._render_timer.stop()
@@ -417,7 +548,7 @@ class MainWindow(QMainWindow):
             self.acceptance.show_stats(changed.stats)  # a comparison included, beside the run it compared
             if comparing:
                 self.statusBar().showMessage("Comparison done", 5000)
-        self.chat_view.show_messages(self.conversation.messages)
+        self.chat_view.finish(self.conversation.messages)
         self.refresh_chat_list()
         self._show_save_errors()
         self.set_busy(False)

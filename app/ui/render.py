@@ -1,14 +1,24 @@
-"""Messages -> HTML for the chat view: each answer token a link styled by its provenance,
-fenced code blocks in a monospace box, rejected drafts as struck-through ghost text."""
+"""Messages -> HTML for the chat view.
+
+Markdown (CommonMark with tables and strikethrough) is rendered by markdown-it-py. Every
+character of the rendered text is then traced back to the answer token it came from (the
+rendered text is the source minus Markdown's markers), so each token stays a link coloured by
+its provenance, with its tooltip, inside lists, tables, headings and code blocks alike.
+"""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from html import escape
+from html.parser import HTMLParser
+
+from markdown_it import MarkdownIt
 
 from ..chat.conversation import AnswerStats, Comparison, Message, TokenRecord
 from ..engine.steps import FinishReason
 from .theme import Theme
+
+MARKDOWN = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
+LOOKAHEAD = 240  # how far a rendered character is looked for in the source (past markers and fences)
 
 
 @dataclass(frozen=True)
@@ -29,101 +39,138 @@ def parse_href(href: str) -> tuple[int, int] | None:
     return int(message_index), int(token_index)
 
 
-def _token_html(message_index: int, index: int, token: TokenRecord, text: str, options: RenderOptions,
-                style: str = "") -> str:
-    theme = options.theme
-    colour = theme.colour(token.source) if options.colouring else theme.text
-    decoration = "underline" if options.colouring and token.source == "corrected" else "none"
-    weight = "font-weight:600;" if options.colouring and token.source == "bonus" else ""
-    return (f'<a href="{token_href(message_index, index)}" style="color:{colour};'
-            f'text-decoration:{decoration};{weight}{style}">{escape(text)}</a>')
+def action_href(action: str, message_index: int, extra: int = 0) -> str:
+    return f"act:{action}:{message_index}:{extra}"
 
 
-_INLINE_MARKERS = re.compile(r"(\*\*|`)")
-_INLINE_STYLE = {"`": "font-family:monospace;", "**": "font-weight:700;"}
+def parse_action(href: str) -> tuple[str, int, int] | None:
+    if not href.startswith("act:"):
+        return None
+    _, action, message_index, extra = href.split(":")
+    return action, int(message_index), int(extra)
 
 
-def _ghost_html(token: TokenRecord, options: RenderOptions) -> str:
-    if not (options.ghosts and token.rejected):
-        return ""
-    return (f'<span style="color:{options.theme.muted};text-decoration:line-through">'
-            f"{escape(token.rejected)}</span>")
+def token_owners(tokens: list[TokenRecord]) -> list[int]:
+    """For each character of the answer's text, the index of the token it belongs to."""
+    return [index for index, token in enumerate(tokens) for _ in token.text]
 
 
-def _lines(tokens: list[TokenRecord]) -> list[list[tuple[str, int]]]:
-    """Split the answer into lines of (text, token index) fragments."""
-    lines: list[list[tuple[str, int]]] = [[]]
-    for index, token in enumerate(tokens):
-        for part_index, part in enumerate(token.text.split("\n")):
-            if part_index:
-                lines.append([])
-            if part:
-                lines[-1].append((part, index))
-    return lines
+class _Colourer(HTMLParser):
+    """Re-emits markdown-it's HTML with each text run wrapped in its token's link."""
+
+    BLOCK_TEXT = {"p", "li", "td", "th", "pre", "h1", "h2", "h3", "h4", "h5", "h6", "blockquote"}
+
+    def __init__(self, source: str, owners: list[int], message_index: int, tokens: list[TokenRecord],
+                 options: RenderOptions, first_code_block: int) -> None:
+        super().__init__(convert_charrefs=True)
+        self.source, self.owners, self.message_index = source, owners, message_index
+        self.tokens, self.options, self.theme = tokens, options, options.theme
+        self.position = 0  # next source character to match
+        self.out: list[str] = []
+        self.in_link = self.in_pre = 0
+        self.code_blocks = first_code_block
+        self.ghosted: set[int] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        theme = self.theme
+        if tag == "code" and self.in_pre:  # a fenced block: language and copy link above a shaded box
+            language = next((v[len("language-"):] for k, v in attrs if k == "class" and v and v.startswith("language-")), "")
+            link = f'<a href="{action_href("copycode", self.message_index, self.code_blocks)}">copy</a>'
+            self.out.append(f'<p style="color:{theme.muted};font-family:monospace;margin:6px 0 0 0">'
+                            f'{escape(language)}{" · " if language else ""}{link}</p>'
+                            f'<table width="100%" cellpadding="8" style="margin:2px 0 4px 0" '
+                            f'bgcolor="{theme.code_background}"><tr><td><pre style="font-family:monospace;margin:0">')
+            self.code_blocks += 1
+            self._skip_fence_line()
+            return
+        if tag == "pre":
+            self.in_pre += 1
+            return
+        if tag == "a":
+            self.in_link += 1
+        if tag == "table":
+            attrs = [("border", "1"), ("cellpadding", "4"), ("cellspacing", "0"), ("style", "border-collapse:collapse")]
+        rendered = "".join(f' {k}="{escape(v or "", quote=True)}"' for k, v in attrs)
+        self.out.append(f"<{tag}{rendered}>")
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.out.append(f"<{tag}>")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "code" and self.in_pre:
+            self.out.append("</pre></td></tr></table>")
+            return
+        if tag == "pre":
+            self.in_pre -= 1
+            return
+        if tag == "a":
+            self.in_link -= 1
+        self.out.append(f"</{tag}>")
+
+    def handle_data(self, text: str) -> None:
+        if not text.strip("\n"):  # the newlines markdown-it puts between block tags
+            self.out.append(text)
+            return
+        if self.in_pre and text.endswith("\n"):
+            text = text[:-1]  # the fence's last newline: <pre> would show it as an empty line
+        runs: list[tuple[int | None, list[str]]] = []
+        for char in text:
+            owner = self._owner_of(char)
+            if runs and runs[-1][0] == owner:
+                runs[-1][1].append(char)
+            else:
+                runs.append((owner, [char]))
+        for owner, chars in runs:
+            piece = escape("".join(chars))
+            self.out.append(piece if owner is None or self.in_link else self._token_html(owner, piece))
+
+    def _skip_fence_line(self) -> None:
+        """Moves past a fence's opening line, whose language name would otherwise take the
+        code's first letters."""
+        window = self.source[self.position : self.position + LOOKAHEAD]
+        fence = min((i for i in (window.find("```"), window.find("~~~")) if i >= 0), default=-1)
+        if fence >= 0:
+            end = window.find("\n", fence)
+            self.position += (end + 1) if end >= 0 else len(window)
+
+    def _owner_of(self, char: str) -> int | None:
+        found = self.source.find(char, self.position, self.position + LOOKAHEAD)
+        if found < 0:
+            return None
+        self.position = found + 1
+        return self.owners[found] if found < len(self.owners) else None
+
+    def _token_html(self, index: int, piece: str) -> str:
+        token, options, theme = self.tokens[index], self.options, self.theme
+        ghost = ""
+        if index not in self.ghosted:  # rejected drafts go before the token's first character
+            self.ghosted.add(index)
+            if options.ghosts and token.rejected:
+                ghost = (f'<span style="color:{theme.muted};text-decoration:line-through">'
+                         f"{escape(token.rejected)}</span>")
+        colour = theme.colour(token.source) if options.colouring else theme.text
+        decoration = "underline" if options.colouring and token.source == "corrected" else "none"
+        weight = "font-weight:600;" if options.colouring and token.source == "bonus" else ""
+        return (f'{ghost}<a href="{token_href(self.message_index, index)}" '
+                f'style="color:{colour};text-decoration:{decoration};{weight}">{piece}</a>')
 
 
-def _line_html(message_index: int, line: list[tuple[str, int]], tokens: list[TokenRecord],
-               options: RenderOptions, ghosted: set[int], markdown: bool) -> str:
-    """One line of an answer; with `markdown`, inline `code`, **bold** and # headings are
-    styled and their markers hidden (code blocks keep every character)."""
-    text = "".join(fragment for fragment, _ in line)
-    heading = 0
-    if markdown and text.startswith("#") and text.lstrip("#").startswith(" "):
-        heading = len(text) - len(text.lstrip("#"))
-    to_skip = heading + 1 if heading else 0  # the '#'s and the space after them
-    open_markers: set[str] = set()
-    parts = []
-    for fragment, i in line:
-        if to_skip:
-            dropped = min(to_skip, len(fragment))
-            fragment, to_skip = fragment[dropped:], to_skip - dropped
-        if i not in ghosted:  # ghost text goes before the token's first fragment
-            ghosted.add(i)
-            parts.append(_ghost_html(tokens[i], options))
-        for piece in _INLINE_MARKERS.split(fragment) if markdown else [fragment]:
-            if markdown and piece in _INLINE_STYLE:
-                open_markers ^= {piece}
-            elif piece:
-                style = "".join(_INLINE_STYLE[m] for m in sorted(open_markers))
-                parts.append(_token_html(message_index, i, tokens[i], piece, options, style))
-    html = "".join(parts)
-    if heading:
-        size = {1: "x-large", 2: "large"}.get(heading, "medium")
-        return f'<span style="font-size:{size};font-weight:700">{html}</span>'
-    return html
+def markdown_html(message_index: int, text: str, owners: list[int], tokens: list[TokenRecord],
+                  options: RenderOptions, first_code_block: int = 0) -> str:
+    """`text` (all or part of an answer) as HTML; owners[i] is the token of text[i]."""
+    colourer = _Colourer(text, owners, message_index, tokens, options, first_code_block)
+    colourer.feed(MARKDOWN.render(text))
+    colourer.close()
+    return "".join(colourer.out)
+
+
+def code_blocks(text: str) -> list[str]:
+    """The code of each fenced or indented block of a Markdown text, in order (for copying)."""
+    return [token.content for token in MARKDOWN.parse(text) if token.type in ("fence", "code_block")]
 
 
 def answer_html(message_index: int, tokens: list[TokenRecord], options: RenderOptions) -> str:
-    blocks: list[str] = []
-    current: list[str] = []
-    in_code = False
-    ghosted: set[int] = set()
-
-    def flush(code: bool) -> None:
-        if not current:
-            return
-        body = "\n".join(current) if code else "<br>".join(current)
-        if code:
-            blocks.append(f'<table width="100%" cellpadding="8" style="margin:4px 0" '
-                          f'bgcolor="{options.theme.code_background}"><tr><td>'
-                          f'<pre style="font-family:monospace;margin:0">{body}</pre></td></tr></table>')
-        else:
-            blocks.append(f'<p style="white-space:pre-wrap;margin:2px 0">{body}</p>')
-        current.clear()
-
-    for line in _lines(tokens):
-        text = "".join(fragment for fragment, _ in line)
-        if text.lstrip().startswith("```"):
-            flush(in_code)
-            in_code = not in_code
-            language = text.strip().strip("`")
-            if language:
-                blocks.append(f'<p style="color:{options.theme.muted};font-family:monospace;margin:6px 0 0 0">'
-                              f"{escape(language)}</p>")
-            continue
-        current.append(_line_html(message_index, line, tokens, options, ghosted, markdown=not in_code))
-    flush(in_code)
-    return "".join(blocks)
+    return markdown_html(message_index, "".join(t.text for t in tokens), token_owners(tokens), tokens, options)
 
 
 FINISH_TEXT = {FinishReason.STOP: "done", FinishReason.LENGTH: "length limit", FinishReason.CONTEXT: "context full",
@@ -153,25 +200,60 @@ def comparison_html(comparison: Comparison) -> str:
             f"{comparison.plain_tokens_per_s:.2f} tok/s: <b>{comparison.speedup:.2f}x</b>, {same}")
 
 
-def _comparison_card(comparison: Comparison, theme: Theme) -> str:
-    return (f'<table cellpadding="6" style="margin:4px 0" bgcolor="{theme.code_background}"><tr><td>'
-            f'<small>Compare: {comparison_html(comparison)}</small></td></tr></table>')
+def _links(*links: tuple[str, str]) -> str:
+    return "&nbsp;&nbsp;".join(f'<a href="{href}">{label}</a>' for label, href in links)
+
+
+def message_header_html(index: int, message: Message, options: RenderOptions, last: bool, streaming: bool) -> str:
+    theme = options.theme
+    if message.role == "user":
+        actions = _links(("edit", action_href("edit", index)), ("copy", action_href("copy", index)))
+        return f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>You</b>&nbsp;&nbsp;<small>{actions}</small></p>'
+    if streaming:
+        return f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>Assistant</b>&nbsp;&nbsp;<small>writing...</small></p>'
+    links = [("copy", action_href("copy", index))]
+    if last:
+        links.append(("regenerate", action_href("regenerate", index)))
+    if len(message.versions) > 1:
+        if message.shown > 0:
+            links.append(("&lsaquo;", action_href("version", index, message.shown - 1)))
+        links.append((f"{message.shown + 1}/{len(message.versions)}", action_href("version", index, message.shown)))
+        if message.shown < len(message.versions) - 1:
+            links.append(("&rsaquo;", action_href("version", index, message.shown + 1)))
+    return (f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>Assistant</b>&nbsp;&nbsp;'
+            f'<small>{escape(stats_line(message.stats))}&nbsp;&nbsp;{_links(*links)}</small></p>')
+
+
+def message_html(index: int, message: Message, options: RenderOptions, last: bool = False) -> str:
+    """One finished message: header, body, and Compare's card under an answer that has one."""
+    theme = options.theme
+    header = message_header_html(index, message, options, last, streaming=False)
+    if message.role == "user":
+        return (header + f'<table width="100%" cellpadding="8" bgcolor="{theme.user_bubble}"><tr><td>'
+                f'<p style="white-space:pre-wrap;margin:0">{escape(message.content)}</p></td></tr></table>')
+    body = (answer_html(index, message.tokens, options) if message.tokens
+            else f'<p style="white-space:pre-wrap">{escape(message.content)}</p>')
+    card = ""
+    if message.stats and message.stats.comparison:
+        card = (f'<table cellpadding="6" style="margin:4px 0" bgcolor="{theme.code_background}"><tr><td>'
+                f'<small>Compare: {comparison_html(message.stats.comparison)}</small></td></tr></table>')
+    return header + body + card
+
+
+def unanswered_html(index: int, options: RenderOptions) -> str:
+    return (f'<p style="color:{options.theme.muted}"><i>No answer yet.</i> '
+            f'<a href="{action_href("answer", index)}">Answer it</a></p>')
+
+
+def body_start(options: RenderOptions) -> str:
+    return f'<body style="color:{options.theme.text};background:{options.theme.background}">'
 
 
 def conversation_html(messages: list[Message], options: RenderOptions) -> str:
-    theme = options.theme
-    out = [f'<body style="color:{theme.text};background:{theme.background}">']
+    out = [body_start(options)]
     for index, message in enumerate(messages):
-        if message.role == "user":
-            out.append(f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>You</b></p>'
-                       f'<table width="100%" cellpadding="8" bgcolor="{theme.user_bubble}"><tr><td>'
-                       f'<p style="white-space:pre-wrap;margin:0">{escape(message.content)}</p></td></tr></table>')
-        else:
-            out.append(f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>Assistant</b>'
-                       f'&nbsp;&nbsp;<small>{escape(stats_line(message.stats))}</small></p>')
-            out.append(answer_html(index, message.tokens, options) if message.tokens
-                       else f'<p style="white-space:pre-wrap">{escape(message.content)}</p>')
-            if message.stats and message.stats.comparison:
-                out.append(_comparison_card(message.stats.comparison, theme))
+        out.append(message_html(index, message, options, last=index == len(messages) - 1))
+    if messages and messages[-1].role == "user":
+        out.append(unanswered_html(len(messages) - 1, options))
     out.append("</body>")
     return "".join(out)
