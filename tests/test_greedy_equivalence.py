@@ -140,3 +140,18 @@ def test_speculation_off_gives_only_plain_tokens(tiny_target, tiny_draft):
     steps = all_steps(engine, PROMPTS[0], speculative=False, max_new_tokens=20)
     assert {t.source for s in steps for t in s.tokens} == {Source.PLAIN}
     assert steps[-1].stats.drafted == 0 and steps[-1].stats.target_passes == 20
+
+
+def test_sliding_window_models_generate_past_their_window():
+    """Mistral-style sliding attention: rollback past the window needs the cache to record the
+    past (transformers raises otherwise). Output equals plain decoding and transformers' own
+    greedy generate, 60 tokens with a window of 16."""
+    from tests.tiny import tiny_sliding_model
+
+    target = tiny_sliding_model(seed=1)
+    engine = SpeculativeEngine(target, tiny_sliding_model(seed=2))
+    prompt = [1, 2, 3, 4]
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=60)
+    assert generated_ids(engine, prompt, k=4, max_new_tokens=60) == plain
+    reference = target.model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False, min_new_tokens=60)
+    assert reference[0, len(prompt):].tolist() == plain

@@ -45,3 +45,18 @@ def tiny_model(
         model = Qwen2ForCausalLM(config).eval()
     model.generation_config.eos_token_id = None
     return LoadedModel(name=f"tiny-{seed}", model=model, tokenizer=tiny_tokenizer(vocab_size, prefix))
+
+
+def tiny_sliding_model(seed: int, window: int = 16, vocab_size: int = 96) -> LoadedModel:
+    """A tiny Mistral-architecture model whose attention sees only the last `window` tokens."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                           sliding_window=window, initializer_range=0.2, tie_word_embeddings=False,
+                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = MistralForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    return LoadedModel(name=f"tiny-sliding-{seed}", model=model, tokenizer=tiny_tokenizer(vocab_size))

@@ -17,6 +17,9 @@ class CachedModel:
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
+        # Sliding-window layers (Mistral, Gemma 2/3 style) keep only the window unless they record
+        # the past; recording keeps the rejected tail until rollback crops it.
+        self.cache.activate_past_recording()
         self.length = 0  # tokens whose keys and values are in the cache
 
     @torch.inference_mode()
@@ -32,9 +35,11 @@ class CachedModel:
         return out.logits[0, -keep:, : self.vocab_width].float()
 
     def rollback(self, length: int) -> None:
-        """Forget everything after the first `length` cached tokens."""
-        if length < self.length:
-            self.cache.crop(length - self.length)  # transformers 5: a negative count removes tokens
+        """Forget everything after the first `length` cached tokens (called after every step)."""
+        if length <= self.length:
+            # transformers 5: a negative count removes tokens; 0 trims sliding-window layers back
+            # to their window and is a no-op for the others
+            self.cache.crop(length - self.length)
             self.length = length
 
 

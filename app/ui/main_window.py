@@ -67,6 +67,7 @@ class MainWindow(QMainWindow):
         self.refresh_chat_list()
         self.set_busy(False)
         self.load_models()
+        QTimer.singleShot(0, self.composer.setFocus)  # type right away; the message waits for the models
 
     # ---- layout -------------------------------------------------------------------------
     def _build_layout(self) -> None:
