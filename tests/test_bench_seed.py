@@ -74,3 +74,24 @@ def test_seed_run_scores_times_and_resumes(tmp_path, data_dir, monkeypatch):
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "| gsm8k | 2 |" in out.with_suffix(".md").read_text()
     assert first["tasks"]["gsm8k"]["items"] == 1
+
+
+def test_seed_run_compares_with_a_reference_run(tmp_path, data_dir):
+    """Two runs on the same items: one with the same target (agrees everywhere), one with
+    another target (agrees nowhere on greedy text)."""
+    argv = lambda name, *extra: ["bench", "seed", "--data-dir", str(data_dir), "--max-new-tokens", "10", "--limit", "2",
+                                 "--json", str(tmp_path / f"{name}.json"), "--resume", str(tmp_path / f"{name}.jsonl"),
+                                 *extra]
+    draft = tiny_model(seed=2)
+    reference = seed_module.run_seed(build_parser().parse_args(argv("reference", "--modes", "speculative")),
+                                     SpeculativeEngine(tiny_model(seed=1), draft))
+    assert "plain_tokens_per_s" not in reference["tasks"]["gsm8k"]  # a reference needs one greedy run only
+    same = seed_module.run_seed(build_parser().parse_args(argv("same", "--reference", str(tmp_path / "reference.jsonl"))),
+                                SpeculativeEngine(tiny_model(seed=1), draft))
+    other = seed_module.run_seed(build_parser().parse_args(argv("other", "--reference", str(tmp_path / "reference.jsonl"))),
+                                 SpeculativeEngine(tiny_model(seed=3), draft))
+    for task in ("gsm8k", "mmlu", "cnndm"):
+        assert same["reference"]["tasks"][task]["same_text"] == 1.0
+        assert same["reference"]["tasks"][task]["quality"] == same["reference"]["tasks"][task]["reference_quality"]
+        assert other["reference"]["tasks"][task]["same_text"] < 1.0
+    assert "same text" in (tmp_path / "same.md").read_text()

@@ -6,6 +6,7 @@ from PySide6.QtCore import QSettings, Qt
 from app.chat.store import ChatStore
 from app.engine.steps import FinishReason
 from app.engine.engine import ProposerKind, SpeculativeEngine
+from app.engine.errors import ModelError
 from app.ui.main_window import MainWindow
 from app.ui.theme import LIGHT
 from tests.tiny import tiny_model
@@ -24,12 +25,16 @@ def tiny_models():
 def make_window(qtbot, tmp_path, tiny_models):
     windows = []
 
+    def load(source, device, dtype, report, **_):
+        if source not in tiny_models:
+            raise ModelError(f"GGUF file not found: {source}")
+        return tiny_models[source]
+
     def make(**settings):
         config = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
         for key, value in {"max_new_tokens": 24, "extra_models": ["other-draft"], **settings}.items():
             config.setValue(key, value)
-        window = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), config,
-                            load=lambda source, device, dtype, report, **_: tiny_models[source])
+        window = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), config, load=load)
         qtbot.addWidget(window)
         window.show()
         # (A waitSignal blocker entered and never exited stayed connected after it was collected,
@@ -148,6 +153,19 @@ def test_incompatible_draft_is_refused_with_a_message(qtbot, make_window):
     index = window.controls.draft.findData("foreign-draft")
     assert window.controls.draft.itemText(index).endswith("(different vocabulary)")
     assert not window.send_button.isEnabled()
+
+
+def test_a_missing_model_file_is_a_message_and_does_not_blame_the_draft(qtbot, make_window):
+    window = make_window()
+    window.controls.add_source("gone", "missing-target")  # not in tiny_models: the loader raises
+    with qtbot.waitSignal(window.loader.loaded, timeout=10_000):
+        window.controls.target.setCurrentIndex(window.controls.target.findData("missing-target"))
+    assert window.engine is None and "missing-target" in window.last_error
+    assert not any(window.controls.draft.itemText(i).endswith("(different vocabulary)")
+                   for i in range(window.controls.draft.count()))
+    with qtbot.waitSignal(window.loader.loaded, timeout=10_000):  # picking a good one again works
+        window.controls.target.setCurrentIndex(window.controls.target.findData("default-target"))
+    assert window.engine is not None
 
 
 def test_saved_chat_reloads_with_colours_after_restart(qtbot, make_window):

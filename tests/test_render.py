@@ -62,3 +62,8 @@ def test_a_part_of_an_answer_renders_with_global_token_indices():
     cut = len(tokens[0].text)
     html = markdown_html(0, text[cut:], token_owners(tokens)[cut:], tokens, RenderOptions(LIGHT))
     assert linked_text(html) == {1: "Second ", 2: "one."}
+
+
+def test_a_corrected_token_underlines_its_words_not_its_indentation():
+    html = answer_html(0, [tok("```\nx = 1\n"), tok("    return", "corrected"), tok("\n```")], RenderOptions(LIGHT))
+    assert 'text-decoration:none;">    </a>' in html and 'text-decoration:underline;">return</a>' in html

@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, help="answer budget (default per task: 256, 64, 128)")
     parser.add_argument("--json", type=Path, default=Path("seed.json"), help="results (a .md table and a .png plot beside it)")
     parser.add_argument("--resume", type=Path, help="JSONL of finished items: reused, and extended as items finish")
+    parser.add_argument("--modes", default="plain,speculative",
+                        help="which decodings to run per item; a reference run needs only one (greedy speculative "
+                             "output equals plain output)")
+    parser.add_argument("--reference", type=Path,
+                        help="another run's --resume JSONL (e.g. --precision fp32): its scores on the same items and "
+                             "how often its greedy answer equals this run's are reported beside this run's")
 
 
 def build_engine(args: argparse.Namespace) -> SpeculativeEngine:
@@ -36,12 +42,14 @@ def build_engine(args: argparse.Namespace) -> SpeculativeEngine:
     return SpeculativeEngine(load_model(args.target, device, dtype, precision=args.precision), draft)
 
 
-def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: GenerationOptions) -> dict:
+def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: GenerationOptions,
+             modes: tuple[str, ...] = ("plain", "speculative")) -> dict:
     tokenizer = engine.target.tokenizer
     prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": task.prompt(row)}])
     record = {"prompt_tokens": len(prompt)}
     token_ids = {}
-    for mode, speculative in (("plain", False), ("speculative", True)):
+    for mode in modes:
+        speculative = mode == "speculative"
         start = time.perf_counter()
         steps = list(engine.generate(prompt, replace(options, speculative=speculative)))
         seconds = time.perf_counter() - start
@@ -51,11 +59,14 @@ def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: Generati
         record[mode] = {"tokens": len(token_ids[mode]), "seconds": round(seconds, 3), "score": task.score(text, row),
                         "text": text, "drafted": stats.drafted, "accepted": stats.accepted,
                         "target_passes": stats.target_passes, "accepted_lengths": stats.accepted_lengths}
-    record["identical"] = token_ids["plain"] == token_ids["speculative"]
+    if len(token_ids) == 2:
+        record["identical"] = token_ids["plain"] == token_ids["speculative"]
     return record
 
 
 def summarize(records: list[dict]) -> dict:
+    modes = [mode for mode in ("plain", "speculative") if all(mode in r for r in records)]
+
     def rate(mode: str) -> float:
         return sum(r[mode]["tokens"] for r in records) / sum(r[mode]["seconds"] for r in records)
 
@@ -63,30 +74,64 @@ def summarize(records: list[dict]) -> dict:
         keys = records[0][mode]["score"]
         return {key: round(sum(r[mode]["score"][key] for r in records) / len(records), 4) for key in keys}
 
-    spec = [r["speculative"] for r in records]
-    drafted = sum(s["drafted"] for s in spec)
-    return {
-        "items": len(records),
-        "plain_tokens_per_s": round(rate("plain"), 3),
-        "speculative_tokens_per_s": round(rate("speculative"), 3),
-        "speedup": round(rate("speculative") / rate("plain"), 3),
-        "acceptance_rate": round(sum(s["accepted"] for s in spec) / drafted, 4) if drafted else 0.0,
-        "mean_accepted_length": round(sum(s["tokens"] for s in spec) / sum(s["target_passes"] for s in spec), 3),
-        "quality_plain": quality("plain"),
-        "quality_speculative": quality("speculative"),
-        "identical": all(r["identical"] for r in records),
-    }
+    out = {"items": len(records)}
+    for mode in modes:
+        out[f"{mode}_tokens_per_s"] = round(rate(mode), 3)
+    if len(modes) == 2:
+        out["speedup"] = round(rate("speculative") / rate("plain"), 3)
+    if "speculative" in modes:
+        spec = [r["speculative"] for r in records]
+        drafted = sum(s["drafted"] for s in spec)
+        out["acceptance_rate"] = round(sum(s["accepted"] for s in spec) / drafted, 4) if drafted else 0.0
+        out["mean_accepted_length"] = round(sum(s["tokens"] for s in spec) / sum(s["target_passes"] for s in spec), 3)
+    for mode in modes:
+        out[f"quality_{mode}"] = quality(mode)
+    if len(modes) == 2:
+        out["identical"] = all(r["identical"] for r in records)
+    return out
+
+
+def _greedy(record: dict) -> dict:
+    """An item's greedy answer: plain decoding's, or speculative decoding's (the same tokens)."""
+    return record.get("plain") or record["speculative"]
+
+
+def compare_to_reference(records: list[dict], reference: dict[tuple[str, int], dict]) -> dict | None:
+    """This run's greedy answers against another run's on the same items (same budget)."""
+    pairs = [(_greedy(r), _greedy(reference[(r["task"], r["index"])])) for r in records
+             if (r["task"], r["index"]) in reference]
+    if not pairs:
+        return None
+    keys = pairs[0][0]["score"]
+    mean = lambda which: {k: round(sum(p[which]["score"][k] for p in pairs) / len(pairs), 4) for k in keys}
+    return {"items": len(pairs), "quality": mean(0), "reference_quality": mean(1),
+            "same_text": round(sum(a["text"] == b["text"] for a, b in pairs) / len(pairs), 4),
+            "same_score": round(sum(a["score"] == b["score"] for a, b in pairs) / len(pairs), 4)}
+
+
+def reference_table(comparisons: dict[str, dict], reference: Path) -> str:
+    show = lambda q: ", ".join(f"{k} {v:.3f}" for k, v in q.items())
+    lines = [f"Against the reference run `{reference}` (greedy answers, same items):", "",
+             "| task | items | quality (this run) | quality (reference) | same text | same score |",
+             "|---|---:|---|---|---:|---:|"]
+    for name, c in comparisons.items():
+        lines.append(f"| {name} | {c['items']} | {show(c['quality'])} | {show(c['reference_quality'])} | "
+                     f"{c['same_text']:.0%} | {c['same_score']:.0%} |")
+    return "\n".join(lines)
 
 
 def markdown_table(summary: dict[str, dict]) -> str:
     lines = ["| task | items | plain tok/s | speculative tok/s | speedup | acceptance | mean accepted length "
              "| quality plain | quality speculative | identical |",
              "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    number = lambda value, form: "–" if value is None else format(value, form)
+    show = lambda q: "–" if q is None else ", ".join(f"{k} {v:.3f}" for k, v in q.items())
     for name, s in summary.items():
-        show = lambda q: ", ".join(f"{k} {v:.3f}" for k, v in q.items())
-        lines.append(f"| {name} | {s['items']} | {s['plain_tokens_per_s']:.2f} | {s['speculative_tokens_per_s']:.2f} | "
-                     f"{s['speedup']:.2f}x | {s['acceptance_rate']:.1%} | {s['mean_accepted_length']:.2f} | "
-                     f"{show(s['quality_plain'])} | {show(s['quality_speculative'])} | {str(s['identical']).lower()} |")
+        identical = "–" if "identical" not in s else str(s["identical"]).lower()
+        lines.append(f"| {name} | {s['items']} | {number(s.get('plain_tokens_per_s'), '.2f')} | "
+                     f"{number(s.get('speculative_tokens_per_s'), '.2f')} | {number(s.get('speedup'), '.2f')}x | "
+                     f"{number(s.get('acceptance_rate'), '.1%')} | {number(s.get('mean_accepted_length'), '.2f')} | "
+                     f"{show(s.get('quality_plain'))} | {show(s.get('quality_speculative'))} | {identical} |")
     return "\n".join(lines)
 
 
@@ -143,6 +188,7 @@ def run_seed(args: argparse.Namespace, engine: SpeculativeEngine | None = None) 
     max_new = {t.name: args.max_new_tokens or t.max_new_tokens for t in tasks}
     rows = {t.name: t.rows(args.data_dir, args.limit) for t in tasks}
     done = _load_resume(args.resume, max_new)
+    modes = tuple(mode for mode in ("plain", "speculative") if mode in args.modes.split(","))
     engine = engine or build_engine(args)
     _warm_up(engine, next((task for task in tasks if rows[task.name]), None), rows)
     records: dict[str, list[dict]] = {t.name: [] for t in tasks}
@@ -151,10 +197,10 @@ def run_seed(args: argparse.Namespace, engine: SpeculativeEngine | None = None) 
             options = generation_options(args, max_new_tokens=max_new[task.name])
             for index, row in enumerate(rows[task.name]):
                 record = done.get((task.name, index))
-                if record is None:
+                if record is None or not all(mode in record for mode in modes):
                     bar.set_postfix_str(f"{task.name} {index + 1}")
                     record = {"task": task.name, "index": index, "max_new_tokens": max_new[task.name],
-                              **run_item(engine, task, row, options)}
+                              **run_item(engine, task, row, options, modes)}
                     if args.resume:
                         with open(args.resume, "a", encoding="utf-8") as out:
                             out.write(json.dumps(record) + "\n")
@@ -164,14 +210,21 @@ def run_seed(args: argparse.Namespace, engine: SpeculativeEngine | None = None) 
                 bar.update()
 
     summary = {name: summarize(items) for name, items in records.items() if items}
+    reference = _load_resume(args.reference, max_new)
+    comparisons = {name: c for name, items in records.items() if items
+                   and (c := compare_to_reference(items, reference)) is not None}
     result = {"config": {"target": engine.target.name, "draft": engine.draft.name, "precision": engine.target.precision,
                          "draft_precision": engine.draft.precision, "k": args.k,
                          "adaptive": args.adaptive, "limit": args.limit, "max_new_tokens": max_new},
-              "tasks": summary, "identical": all(s["identical"] for s in summary.values())}
+              "tasks": summary, "identical": all(s.get("identical", True) for s in summary.values())}
     table = markdown_table(summary)
+    if comparisons:
+        result["reference"] = {"path": str(args.reference), "tasks": comparisons}
+        table += "\n\n" + reference_table(comparisons, args.reference)
     print(table)
     args.json.write_text(json.dumps(result, indent=2))
     args.json.with_suffix(".md").write_text(table + "\n")
-    plot(summary, records, args.json.with_suffix(".png"))
-    print(f"wrote {args.json}, {args.json.with_suffix('.md')}, {args.json.with_suffix('.png')}")
+    if len(modes) == 2:
+        plot(summary, records, args.json.with_suffix(".png"))
+    print(f"wrote {args.json} and {args.json.with_suffix('.md')}" + (" and the plot" if len(modes) == 2 else ""))
     return result

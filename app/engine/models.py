@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from . import default_models
 from .cache import cache_root
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
-from .errors import ModelError
+from .errors import IncompatibleModelsError, ModelError
 from .lowbit import store as lowbit_store
 from .lowbit.kernel import build_in_background, why_not_native
 from .lowbit.loader import load_gguf_lowbit
@@ -253,7 +253,7 @@ def check_compatible(draft: LoadedModel, target: LoadedModel) -> None:
     """
     reason = vocabulary_mismatch(draft.tokenizer, target.tokenizer, draft.name, target.name)
     if reason:
-        raise ModelError(reason)
+        raise IncompatibleModelsError(reason)
 
 
 def shared_vocab_width(draft: LoadedModel, target: LoadedModel) -> int:

@@ -1,6 +1,7 @@
 """The main window: sidebar of chats, conversation and composer, controls and acceptance."""
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from ..chat.export import to_markdown
 from ..chat.session import ChatSession, RequestKind
 from ..chat.store import ChatStore, StoreError
 from ..engine.engine import ProposerKind, SpeculativeEngine
-from ..engine.errors import ModelError
+from ..engine.errors import IncompatibleModelsError, ModelError
 from ..engine.model_cache import ModelCache
 from ..engine.models import load_model, load_tokenizer, vocabulary_mismatch
 from .acceptance_view import AcceptanceView
@@ -174,7 +175,6 @@ class MainWindow(QMainWindow):
         self.worker.failed.connect(lambda message: self.show_error("Generation failed", message))
         self.loader.progress.connect(self._on_load_progress)
         self.loader.loaded.connect(self._on_loaded)
-        self.loader.failed.connect(lambda message: self._on_loaded(LoadResult(self.models.request(), error=message)))
         self.new_button.clicked.connect(self.new_chat)
         self.rename_button.clicked.connect(self.rename_chat)
         self.delete_button.clicked.connect(self.delete_chat)
@@ -252,8 +252,13 @@ class MainWindow(QMainWindow):
         def job(report) -> LoadResult:
             try:
                 return LoadResult(ticket, self.models.engine(ticket, chosen, report))
-            except ModelError as error:
+            except IncompatibleModelsError as error:
                 return LoadResult(ticket, error=str(error), incompatible_draft=chosen.draft)
+            except ModelError as error:  # a missing or corrupt model file
+                return LoadResult(ticket, error=str(error))
+            except Exception as error:  # anything else: said in the window, traceback in the log
+                traceback.print_exc()
+                return LoadResult(ticket, error=f"{type(error).__name__}: {error}")
 
         self.loader.run(job)
 

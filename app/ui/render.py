@@ -121,8 +121,8 @@ class _Colourer(HTMLParser):
             else:
                 runs.append((owner, [char]))
         for owner, chars in runs:
-            piece = escape("".join(chars))
-            self.out.append(piece if owner is None or self.in_link else self._token_html(owner, piece))
+            piece = "".join(chars)
+            self.out.append(escape(piece) if owner is None or self.in_link else self._token_html(owner, piece))
 
     def _skip_fence_line(self) -> None:
         """Moves past a fence's opening line, whose language name would otherwise take the
@@ -149,10 +149,15 @@ class _Colourer(HTMLParser):
                 ghost = (f'<span style="color:{theme.muted};text-decoration:line-through">'
                          f"{escape(token.rejected)}</span>")
         colour = theme.colour(token.source) if options.colouring else theme.text
-        decoration = "underline" if options.colouring and token.source == "corrected" else "none"
+        underline = options.colouring and token.source == "corrected"
         weight = "font-weight:600;" if options.colouring and token.source == "bonus" else ""
-        return (f'{ghost}<a href="{token_href(self.message_index, index)}" '
-                f'style="color:{colour};text-decoration:{decoration};{weight}">{piece}</a>')
+        link = lambda text, decoration: (f'<a href="{token_href(self.message_index, index)}" '
+                                         f'style="color:{colour};text-decoration:{decoration};{weight}">{escape(text)}</a>')
+        lead = piece[: len(piece) - len(piece.lstrip())]
+        if not (underline and lead):
+            return ghost + link(piece, "underline" if underline else "none")
+        body = piece[len(lead):]  # a corrected token's indentation is not underlined
+        return ghost + link(lead, "none") + (link(body, "underline") if body else "")
 
 
 def markdown_html(message_index: int, text: str, owners: list[int], tokens: list[TokenRecord],
