@@ -166,6 +166,11 @@ def test_regenerate_and_edit_keep_the_store_consistent(tmp_path, engine):
     run(session, engine, session.regenerate(engine, options(max_new_tokens=9)))
     last = session.conversation.messages[-1]
     assert [v.stats.tokens for v in last.versions] == [6, 9] and last.shown == 1
+    run(session, engine, session.compare(engine, options()))
+    session.show_version(3, 0)
+    session.show_version(3, 1)  # the comparison belongs to version 2 and stays with it
+    reloaded = session.store.load_chat(session.conversation.id).messages[-1]
+    assert last.stats.comparison is not None and reloaded.versions[1].stats.comparison == last.stats.comparison
     run(session, engine, session.edit(2, "t3", engine, options(max_new_tokens=5)))
     saved = session.store.load_chat(session.conversation.id).messages
     assert [(m.role, m.content) for m in saved] == [(m.role, m.content) for m in session.conversation.messages]

@@ -137,6 +137,12 @@ class Message:
         self.versions.append(Version(answer.content, answer.tokens, answer.stats))
         self.show(len(self.versions) - 1)
 
+    def set_stats(self, stats: AnswerStats) -> None:
+        """New stats for the shown answer (a comparison added), in its version too."""
+        self.stats = stats
+        if self.versions:
+            self.versions[self.shown].stats = stats
+
     def show(self, index: int) -> None:
         version = self.versions[index]
         self.content, self.tokens, self.stats, self.shown = version.content, version.tokens, version.stats, index

@@ -179,7 +179,7 @@ class ChatSession:
             answer = self.last_answer()
             if answer is None:
                 return None
-            answer.stats = replace(answer.stats, comparison=Comparison.of(answer, builder.message()))
+            answer.set_stats(replace(answer.stats, comparison=Comparison.of(answer, builder.message())))
             self._save(lambda: self.store.update_message(answer))
             return answer
         if request.kind is RequestKind.REGENERATE:
