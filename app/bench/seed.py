@@ -129,7 +129,8 @@ def markdown_table(summary: dict[str, dict]) -> str:
     for name, s in summary.items():
         identical = "–" if "identical" not in s else str(s["identical"]).lower()
         lines.append(f"| {name} | {s['items']} | {number(s.get('plain_tokens_per_s'), '.2f')} | "
-                     f"{number(s.get('speculative_tokens_per_s'), '.2f')} | {number(s.get('speedup'), '.2f')}x | "
+                     f"{number(s.get('speculative_tokens_per_s'), '.2f')} | {number(s.get('speedup'), '.2f')}"
+                     f"{'x' if 'speedup' in s else ''} | "
                      f"{number(s.get('acceptance_rate'), '.1%')} | {number(s.get('mean_accepted_length'), '.2f')} | "
                      f"{show(s.get('quality_plain'))} | {show(s.get('quality_speculative'))} | {identical} |")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ class AnswerBuilder:
         new = []
         for token in step.tokens:
             piece = self.decoder.push(token.id)
-            record = TokenRecord(piece, token.source.value, round(token.p_target, 4),
+            record = TokenRecord(piece, token.source, round(token.p_target, 4),
                                  None if token.p_draft is None else round(token.p_draft, 4))
             if token.source is Source.CORRECTED:
                 record.replaced = self._text([token.replaced])
@@ -66,7 +66,7 @@ class AnswerBuilder:
         return Message(role="assistant", content=self.decoder.text, tokens=list(self.tokens), stats=stats)
 
 
-_TELLING = {Source.CORRECTED.value: 3, Source.BONUS.value: 2, Source.PLAIN.value: 1, Source.ACCEPTED.value: 0}
+_TELLING = {Source.CORRECTED: 3, Source.BONUS: 2, Source.PLAIN: 1, Source.ACCEPTED: 0}
 
 
 def _merged(records: list[TokenRecord]) -> TokenRecord:

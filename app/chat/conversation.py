@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-from ..engine.steps import FinishReason
+from ..engine.steps import FinishReason, Source
 
 
 @dataclass
@@ -12,11 +12,14 @@ class TokenRecord:
     """One answer token as shown: its text piece and where it came from."""
 
     text: str
-    source: str  # accepted | corrected | bonus | plain
+    source: Source
     p_target: float
     p_draft: float | None = None
     replaced: str | None = None  # text of the draft token a corrected token replaced
     rejected: str = ""  # text of the draft tokens rejected at this position (ghost text)
+
+    def __post_init__(self) -> None:
+        self.source = Source(self.source)  # saved chats hold the word
 
 
 @dataclass(frozen=True)

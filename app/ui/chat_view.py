@@ -22,7 +22,7 @@ from .theme import SOURCE_HELP
 
 
 def token_tooltip(token: TokenRecord) -> str:
-    lines = [f"<b>{token.source}</b>: {SOURCE_HELP.get(token.source, '')}", f"p_target {token.p_target:.3f}"]
+    lines = [f"<b>{token.source.value}</b>: {SOURCE_HELP[token.source.value]}", f"p_target {token.p_target:.3f}"]
     if token.p_draft is not None:
         lines.append(f"p_draft {token.p_draft:.3f}")
     if token.replaced is not None:

@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 from markdown_it import MarkdownIt
 
 from ..chat.conversation import AnswerStats, Comparison, Message, TokenRecord
-from ..engine.steps import FinishReason
+from ..engine.steps import FinishReason, Source
 from .theme import Theme
 
 MARKDOWN = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
@@ -149,8 +149,8 @@ class _Colourer(HTMLParser):
                 ghost = (f'<span style="color:{theme.muted};text-decoration:line-through">'
                          f"{escape(token.rejected)}</span>")
         colour = theme.colour(token.source) if options.colouring else theme.text
-        underline = options.colouring and token.source == "corrected"
-        weight = "font-weight:600;" if options.colouring and token.source == "bonus" else ""
+        underline = options.colouring and token.source is Source.CORRECTED
+        weight = "font-weight:600;" if options.colouring and token.source is Source.BONUS else ""
         link = lambda text, decoration: (f'<a href="{token_href(self.message_index, index)}" '
                                          f'style="color:{colour};text-decoration:{decoration};{weight}">{escape(text)}</a>')
         lead = piece[: len(piece) - len(piece.lstrip())]

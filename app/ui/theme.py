@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..engine.steps import Source
+
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 
 
@@ -19,8 +21,9 @@ class Theme:
     corrected: str
     bonus: str
 
-    def colour(self, source: str) -> str:
-        return {"accepted": self.accepted, "corrected": self.corrected, "bonus": self.bonus}.get(source, self.text)
+    def colour(self, source: Source | str) -> str:
+        return {Source.ACCEPTED: self.accepted, Source.CORRECTED: self.corrected, Source.BONUS: self.bonus}.get(
+            Source(source), self.text)
 
     def stylesheet(self) -> str:
         path = RESOURCES / "themes" / f"{self.name}.qss"
