@@ -75,7 +75,7 @@ class _Colourer(HTMLParser):
         theme = self.theme
         if tag == "code" and self.in_pre:  # a fenced block: language and copy link above a shaded box
             language = next((v[len("language-"):] for k, v in attrs if k == "class" and v and v.startswith("language-")), "")
-            link = f'<a href="{action_href("copycode", self.message_index, self.code_blocks)}">copy</a>'
+            link = f'<a href="{action_href("copycode", self.message_index, self.code_blocks)}" style="color:{theme.link}">copy</a>'
             self.out.append(f'<p style="color:{theme.muted};font-family:monospace;margin:6px 0 0 0">'
                             f'{escape(language)}{" · " if language else ""}{link}</p>'
                             f'<table width="100%" cellpadding="8" style="margin:2px 0 4px 0" '
@@ -205,14 +205,14 @@ def comparison_html(comparison: Comparison) -> str:
             f"{comparison.plain_tokens_per_s:.2f} tok/s: <b>{comparison.speedup:.2f}x</b>, {same}")
 
 
-def _links(*links: tuple[str, str]) -> str:
-    return "&nbsp;&nbsp;".join(f'<a href="{href}">{label}</a>' for label, href in links)
+def _links(theme: Theme, *links: tuple[str, str]) -> str:
+    return "&nbsp;&nbsp;".join(f'<a href="{href}" style="color:{theme.link}">{label}</a>' for label, href in links)
 
 
 def message_header_html(index: int, message: Message, options: RenderOptions, last: bool, streaming: bool) -> str:
     theme = options.theme
     if message.role == "user":
-        actions = _links(("edit", action_href("edit", index)), ("copy", action_href("copy", index)))
+        actions = _links(theme, ("edit", action_href("edit", index)), ("copy", action_href("copy", index)))
         return f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>You</b>&nbsp;&nbsp;<small>{actions}</small></p>'
     if streaming:
         return f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>Assistant</b>&nbsp;&nbsp;<small>writing...</small></p>'
@@ -226,7 +226,7 @@ def message_header_html(index: int, message: Message, options: RenderOptions, la
         if message.shown < len(message.versions) - 1:
             links.append(("&rsaquo;", action_href("version", index, message.shown + 1)))
     return (f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>Assistant</b>&nbsp;&nbsp;'
-            f'<small>{escape(stats_line(message.stats))}&nbsp;&nbsp;{_links(*links)}</small></p>')
+            f'<small>{escape(stats_line(message.stats))}&nbsp;&nbsp;{_links(theme, *links)}</small></p>')
 
 
 def message_html(index: int, message: Message, options: RenderOptions, last: bool = False) -> str:
@@ -247,7 +247,7 @@ def message_html(index: int, message: Message, options: RenderOptions, last: boo
 
 def unanswered_html(index: int, options: RenderOptions) -> str:
     return (f'<p style="color:{options.theme.muted}"><i>No answer yet.</i> '
-            f'<a href="{action_href("answer", index)}">Answer it</a></p>')
+            f'<a href="{action_href("answer", index)}" style="color:{options.theme.link}">Answer it</a></p>')
 
 
 def body_start(options: RenderOptions) -> str:

@@ -20,6 +20,7 @@ class Theme:
     accepted: str
     corrected: str
     bonus: str
+    link: str  # action links (copy, edit, regenerate, versions)
 
     def colour(self, source: Source | str) -> str:
         return {Source.ACCEPTED: self.accepted, Source.CORRECTED: self.corrected, Source.BONUS: self.bonus}.get(
@@ -31,9 +32,11 @@ class Theme:
 
 
 LIGHT = Theme("light", text="#1d1d1f", muted="#8a8a8e", background="#ffffff", user_bubble="#eef1f6",
-              code_background="#f5f6f8", accepted="#0072B2", corrected="#D55E00", bonus="#AA3377")
+              code_background="#f5f6f8", accepted="#0072B2", corrected="#D55E00", bonus="#AA3377",
+              link="#5a5a60")
 DARK = Theme("dark", text="#e8e8ea", muted="#8e8e93", background="#1e1f22", user_bubble="#2b2d31",
-             code_background="#26282c", accepted="#56B4E9", corrected="#F0883E", bonus="#E58FC4")
+             code_background="#26282c", accepted="#56B4E9", corrected="#F0883E", bonus="#E58FC4",
+             link="#b8b8be")
 THEMES = {"light": LIGHT, "dark": DARK}
 
 # Words for the legend and tooltips; the engine's vocabulary.
