@@ -75,7 +75,7 @@ def speculative_generate(
 
         target.rollback(len(tokens) + n_accepted)
         proposer.commit(n_accepted, next_token)
-        policy.update(len(draft), n_accepted, draft_seconds, target_seconds)
+        policy.update(len(draft), n_accepted, draft_seconds - draft.catch_up_seconds, target_seconds)
 
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
         tokens += [token.id for token in emitted]

@@ -1,6 +1,7 @@
 """Proposers: who drafts the next k tokens. Lifecycle: begin -> (propose -> commit)*."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,6 +15,9 @@ from .sampling import SamplingParams, logits_to_probs, sample
 class Draft:
     tokens: torch.Tensor  # [k] long
     probs: torch.Tensor | None  # [k, V]: the distribution each token was drawn from; None without a model
+    # Seconds spent first feeding the draft model tokens committed while it was idle (the prompt,
+    # plain steps): a one-off catch-up, not a cost per drafted token.
+    catch_up_seconds: float = 0.0
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -49,9 +53,16 @@ class DraftModelProposer(_Committed):
         self.model.reset()
 
     def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
-        # Feed what was committed since the cache last grew (the prompt, or the target's token).
-        pending = torch.tensor(self.ids[self.model.length :], dtype=torch.long)
-        logits = self.model.forward(pending, keep=1)[0]
+        # Feed what was committed since the cache last grew: usually the target's last token; the
+        # prompt on the first draft, and the tokens of plain steps after them.
+        catch_up = 0.0
+        if len(self.ids) - self.model.length > 1:
+            start = time.perf_counter()
+            self.model.forward(torch.tensor(self.ids[self.model.length : -1], dtype=torch.long), keep=1)
+            if self.model.device.type == "cuda":
+                torch.cuda.synchronize()
+            catch_up = time.perf_counter() - start
+        logits = self.model.forward(torch.tensor(self.ids[-1:], dtype=torch.long), keep=1)[0]
         tokens, probs = [], []
         for i in range(k):
             step_probs = logits_to_probs(logits, self.params)
@@ -62,7 +73,7 @@ class DraftModelProposer(_Committed):
             if i == k - 1 or (min_confidence > 0 and float(step_probs[token]) < min_confidence):
                 break
             logits = self.model.forward(token.view(1), keep=1)[0]
-        draft = Draft(torch.stack(tokens), torch.stack(probs))
+        draft = Draft(torch.stack(tokens), torch.stack(probs), catch_up)
         self.last_draft = draft.tokens.tolist()
         return draft
 
