@@ -155,3 +155,18 @@ def test_sliding_window_models_generate_past_their_window():
     assert generated_ids(engine, prompt, k=4, max_new_tokens=60) == plain
     reference = target.model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False, min_new_tokens=60)
     assert reference[0, len(prompt):].tolist() == plain
+
+
+def test_the_drafts_catch_up_on_the_prompt_is_not_a_cost_per_drafted_token(tiny_target):
+    """The first draft feeds the whole prompt to the draft model; that time is reported apart,
+    so the cost-aware policy does not take it for the price of each drafted token."""
+    from app.engine.cached_model import cached
+    from app.engine.proposers import DraftModelProposer
+    from app.engine.sampling import SamplingParams
+
+    proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None)
+    proposer.begin(list(range(1, 60)))
+    first = proposer.propose(3)
+    assert first.catch_up_seconds > 0 and proposer.model.length == 59 + 2  # prompt + all drafts but the last
+    proposer.commit(1, 7)
+    assert proposer.propose(3).catch_up_seconds == 0.0  # only the target's token was new
