@@ -60,7 +60,7 @@ def test_a_streaming_answer_is_saved_as_it_grows_and_marked_interrupted(tmp_path
     partial = reopened[-1]
     assert partial.stats.finish is FinishReason.INTERRUPTED and partial.tokens
     # at most the steps since the last save are lost
-    assert len(partial.stats.token_ids) >= len(session.builder.stats.token_ids) - 2 * 3
+    assert len(partial.stats.token_ids) >= len(session.builder.decoder.ids) - 2 * 3
 
 
 def test_finishing_a_saved_streaming_answer_updates_its_row(tmp_path, engine):

@@ -17,7 +17,7 @@ class AnswerBuilder:
         self.tokenizer = tokenizer
         self.decoder = IncrementalDecoder(tokenizer)
         self.tokens: list[TokenRecord] = []
-        self.stats = AnswerStats(mode=mode, context_used=prompt_tokens, context_length=context_length)
+        self.stats = AnswerStats(mode=mode, prompt_tokens=prompt_tokens, context_length=context_length)
         self.started = time.perf_counter()
         self._pending: list[TokenRecord] = []  # tokens with no text yet, waiting for the next piece
 
@@ -54,15 +54,14 @@ class AnswerBuilder:
             draft_seconds=round(stats.draft_seconds, 3), target_seconds=round(stats.target_seconds, 3),
             accepted_lengths=stats.accepted_lengths,
             acceptance_trace=old.acceptance_trace + ((round(stats.acceptance_rate, 4),) if stats.drafted else ()),
-            finish=finish or old.finish, token_ids=tuple(self.decoder.ids),
-            context_used=old.context_used - old.tokens + stats.emitted)
+            finish=finish or old.finish)
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def message(self, finish: FinishReason | None = None) -> Message:
         """The answer so far as a message (`finish` overrides, e.g. INTERRUPTED on close)."""
-        stats = self.stats if finish is None else replace(self.stats, finish=finish)
+        stats = replace(self.stats, finish=finish or self.stats.finish, token_ids=tuple(self.decoder.ids))
         return Message(role="assistant", content=self.decoder.text, tokens=list(self.tokens), stats=stats)
 
 

@@ -63,8 +63,8 @@ class AnswerStats:
     acceptance_trace: tuple[float, ...] = ()  # running acceptance rate after each drafting step
     finish: FinishReason | None = None
     token_ids: tuple[int, ...] = ()
-    context_used: int = 0  # prompt plus answer tokens, of...
-    context_length: int = 0  # ...the model's window (0: unknown)
+    prompt_tokens: int = 0
+    context_length: int = 0  # the model's window (0: unknown)
     comparison: Comparison | None = None  # set by Compare
 
     @property
@@ -79,6 +79,11 @@ class AnswerStats:
     def mean_accepted_length(self) -> float:
         """Tokens emitted per target pass."""
         return self.tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def context_used(self) -> int:
+        """Prompt plus answer tokens: how much of the model's window the chat now fills."""
+        return self.prompt_tokens + self.tokens
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -396,10 +396,9 @@ class MainWindow(QMainWindow):
         self.compare_button.setEnabled(ready and not busy and self.session.last_answer() is not None)
         self.regenerate_button.setEnabled(ready and not busy and self.session.can_regenerate())
         self.stop_button.setEnabled(busy)
-        for widget in (self.controls.add_model, self.chat_list, self.new_button, self.delete_button):
-            widget.setEnabled(not busy)
-        # Models can be changed only between answers, and one load at a time runs anyway.
-        for widget in (self.controls.target, self.controls.draft, self.controls.precision, self.controls.draft_precision):
+        # Chats and models can be changed only between answers.
+        for widget in (self.controls.add_model, self.chat_list, self.new_button, self.delete_button, self.controls.target,
+                       self.controls.draft, self.controls.precision, self.controls.draft_precision):
             widget.setEnabled(not busy)
 
     def _can_start(self) -> bool:

@@ -58,8 +58,6 @@ def token_owners(tokens: list[TokenRecord]) -> list[int]:
 class _Colourer(HTMLParser):
     """Re-emits markdown-it's HTML with each text run wrapped in its token's link."""
 
-    BLOCK_TEXT = {"p", "li", "td", "th", "pre", "h1", "h2", "h3", "h4", "h5", "h6", "blockquote"}
-
     def __init__(self, source: str, owners: list[int], message_index: int, tokens: list[TokenRecord],
                  options: RenderOptions, first_code_block: int) -> None:
         super().__init__(convert_charrefs=True)
