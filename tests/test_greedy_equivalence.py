@@ -168,5 +168,47 @@ def test_the_drafts_catch_up_on_the_prompt_is_not_a_cost_per_drafted_token(tiny_
     proposer.begin(list(range(1, 60)))
     first = proposer.propose(3)
     assert first.catch_up_seconds > 0 and proposer.model.length == 59 + 2  # prompt + all drafts but the last
+    assert first.catch_up_tokens == 58  # the last prompt token came with the first draft step
     proposer.commit(1, 7)
+    assert proposer.behind() == 0
     assert proposer.propose(3).catch_up_seconds == 0.0  # only the target's token was new
+
+
+def with_catch_up(catch_up_ms: float) -> CostModel:
+    model = costs(CHEAP_VERIFY, draft_ms=5)
+    model.catch_up_token = catch_up_ms / 1000
+    return model
+
+
+def test_cost_aware_policy_weighs_the_drafts_catch_up_against_the_tokens_left():
+    policy = CostAwareK(with_catch_up(2.0))
+    assert policy.k > 0
+    assert policy.next_k(remaining=512, catch_up=100) == policy.k  # 0.2 s of catch-up, a long answer
+    assert policy.next_k(remaining=64, catch_up=900) == 0  # 1.8 s of catch-up for 64 tokens: plain is faster
+    assert policy.next_k(remaining=64, catch_up=0) == policy.k  # nothing to catch up on
+
+
+def test_a_probe_is_not_worth_a_long_catch_up():
+    policy = CostAwareK(costs({1: 50, 9: 110, 17: 180}, draft_ms=15))
+    policy.costs.catch_up_token = 0.002
+    for _ in range(5):
+        policy.update(n_drafted=max(policy.k, 1), n_accepted=0, draft_seconds=0.015, target_seconds=0.06)
+    for _ in range(policy.probe_every):
+        policy.update(n_drafted=0, n_accepted=0, target_seconds=0.05)
+    assert policy.k > 0  # it wants to probe
+    assert policy.next_k(remaining=400, catch_up=policy.probe_every) == policy.k  # 16 ms: cheaper than a plain step
+    assert policy.next_k(remaining=400, catch_up=600) == 0  # 1.2 s just to look
+
+
+def test_a_long_prompt_with_a_short_answer_is_decoded_plainly(tiny_target, tiny_draft):
+    """When the draft's catch-up on the prompt costs more than drafting can save over the
+    answer, the draft is never fed the prompt and every step is a plain one."""
+    engine = cheap_drafting(SpeculativeEngine(tiny_target, tiny_draft))
+    engine.costs.catch_up_token = 0.01  # 10 ms per prompt token for the draft
+    prompt = [(7 * i) % 90 + 1 for i in range(150)]
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=8)
+    steps = all_steps(engine, prompt, adaptive=True, max_new_tokens=8)
+    assert [t.id for s in steps for t in s.tokens] == plain
+    assert steps[-1].stats.drafted == 0 and engine._draft.length == 0
+    # the same prompt with a long answer ahead is worth the catch-up
+    assert all_steps(engine, prompt, adaptive=True, max_new_tokens=100)[-1].stats.drafted > 0

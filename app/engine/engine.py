@@ -78,13 +78,17 @@ class SpeculativeEngine:
             self._busy.release()
 
     def calibrate(self) -> None:
-        """Time target passes over 1..17 tokens and a draft token once (about a second for the
-        default pair), so the cost-aware policy chooses well from the first step; later steps
-        refine the figures. Runs on first use when nobody called it after loading."""
+        """Time target passes over 1..17 tokens, a draft token and the draft's catch-up on 64
+        tokens once (about a second for the default pair), so the cost-aware policy chooses well
+        from the first step; later steps refine the figures. Runs on first use when nobody called
+        it after loading."""
         for n in (1, 2, 5, 9, 17):
             self.costs.verify[n] = pass_seconds(self._target, n)
-        # without a draft model only prompt lookup drafts, at next to no cost
-        self.costs.draft_token = pass_seconds(self._draft, 1) if self._draft is not None else 1e-5
+        if self._draft is None:  # only prompt lookup drafts, at next to no cost
+            self.costs.draft_token = 1e-5
+            return
+        self.costs.draft_token = pass_seconds(self._draft, 1)
+        self.costs.catch_up_token = pass_seconds(self._draft, 64) / 64
 
     def _proposer(self, options: GenerationOptions, generator: torch.Generator) -> Proposer:
         if not options.speculative:

@@ -39,8 +39,9 @@ class LeanDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.qkv, self.gate_up = fused_projections(model)
         self.stack = native_stack(model)  # None: the Python loop runs the layers
-        self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
-        self.values: list[torch.Tensor] = []
+        # Keys are stored transposed: the native attention reads 16 keys' component d at once.
+        self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, head_dim, capacity]
+        self.values: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.reset()
 
     def reset(self) -> None:
@@ -51,16 +52,17 @@ class LeanDecoder:
         self.length = min(length, self.length)
 
     def _reserve(self, needed: int) -> None:
-        capacity = self.keys[0].shape[2] if self.keys else 0
+        capacity = self.values[0].shape[2] if self.values else 0
         if needed <= capacity:
             return
         capacity = max(needed, 2 * capacity, 256)
-        layers = len(self.model.model.layers)
-        shape = (1, self.kv_heads, capacity, self.head_dim)
-        grown = [torch.zeros(shape, device=self.device) for _ in range(2 * layers)]
-        for old, new in zip(self.keys + self.values, grown):
+        keys = [torch.zeros(1, self.kv_heads, self.head_dim, capacity, device=self.device) for _ in self.keys or self.model.model.layers]
+        values = [torch.zeros(1, self.kv_heads, capacity, self.head_dim, device=self.device) for _ in keys]
+        for old, new in zip(self.keys, keys):
+            new[..., : self.length] = old[..., : self.length]
+        for old, new in zip(self.values, values):
             new[:, :, : self.length] = old[:, :, : self.length]
-        self.keys, self.values = grown[:layers], grown[layers:]
+        self.keys, self.values = keys, values
 
     def _attention(self, q: torch.Tensor, index: int, start: int, mask: torch.Tensor | None, scale: float,
                    exact_rows: bool) -> torch.Tensor:
@@ -70,7 +72,7 @@ class LeanDecoder:
         over the keys up to it), so a verified token gets bit-identical attention to plain
         decoding. One batched call instead would change the reduction order with the batch's
         shape, and a near-tie could then flip a greedy token."""
-        keys, values, gqa = self.keys[index], self.values[index], self.kv_heads != self.heads
+        keys, values, gqa = self.keys[index].transpose(2, 3), self.values[index], self.kv_heads != self.heads
         n = q.shape[2]
         if not exact_rows or n == 1:
             end = start + n
@@ -122,7 +124,7 @@ class LeanDecoder:
             k = k.reshape(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.reshape(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            self.keys[index][:, :, start:end] = k
+            self.keys[index][..., start:end] = k.transpose(2, 3)
             self.values[index][:, :, start:end] = v
             out = self._attention(q, index, start, mask, attention.scaling, exact_rows=keep > 1)
             hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))

@@ -63,7 +63,7 @@ def speculative_generate(
             yield Step([], [], stats, finish=FinishReason.CANCELLED)
             return
         # Leave room for the token the target adds, within both limits.
-        k = min(policy.k, budget - n_new - 1)
+        k = min(policy.next_k(budget - n_new, proposer.behind()), budget - n_new - 1)
         draft_start = clock.now()
         draft = proposer.propose(k, policy.min_confidence) if k > 0 else _EMPTY
         draft_tokens = draft.tokens.to(target.device)
@@ -75,7 +75,8 @@ def speculative_generate(
 
         target.rollback(len(tokens) + n_accepted)
         proposer.commit(n_accepted, next_token)
-        policy.update(len(draft), n_accepted, draft_seconds - draft.catch_up_seconds, target_seconds)
+        policy.update(len(draft), n_accepted, draft_seconds - draft.catch_up_seconds, target_seconds,
+                      draft.catch_up_tokens, draft.catch_up_seconds)
 
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
         tokens += [token.id for token in emitted]

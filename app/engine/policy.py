@@ -9,23 +9,34 @@ class FixedK:
     k: int
     min_confidence: float = 0.0  # never stop drafting early
 
-    def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0) -> None:
+    def next_k(self, remaining: int, catch_up: int) -> int:
+        return self.k
+
+    def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0,
+               catch_up_tokens: int = 0, catch_up_seconds: float = 0.0) -> None:
         pass
 
 
 @dataclass
 class CostModel:
-    """Measured seconds of one draft token and of one target pass over n tokens. It belongs to an
-    engine (its hardware and models) and lives across requests."""
+    """Measured seconds of one draft token, of the draft's catch-up per token (feeding it the
+    prompt or plain-step tokens in one pass) and of one target pass over n tokens. It belongs to
+    an engine (its hardware and models) and lives across requests."""
 
     draft_token: float | None = None
     verify: dict[int, float] = field(default_factory=dict)  # tokens in the pass -> seconds
+    catch_up_token: float = 0.0
     smoothing: float = 0.3
 
     def observe(self, n_drafted: int, draft_seconds: float, n_verified: int, target_seconds: float) -> None:
         if n_drafted:
             self.draft_token = self._blend(self.draft_token, draft_seconds / n_drafted)
         self.verify[n_verified] = self._blend(self.verify.get(n_verified), target_seconds)
+
+    def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
+        # Short catch-ups (a few plain-step tokens) cost more per token and matter little.
+        if n_tokens >= 32:
+            self.catch_up_token = self._blend(self.catch_up_token or None, seconds / n_tokens)
 
     def verify_seconds(self, n: int) -> float:
         """Interpolated (or extrapolated) along the measured points."""
@@ -53,6 +64,9 @@ class CostAwareK:
     step for a per-token acceptance a. The acceptance is learnt from what was actually offered
     (a draft that stopped itself on low confidence and was fully accepted counts no rejection),
     with older steps fading. After `probe_every` plain steps it drafts once to look again.
+    Before a draft that first has to catch up on many tokens (the prompt, a run of plain steps),
+    it weighs that catch-up against the time drafting would save over the tokens left, so a long
+    prompt with a short answer is decoded plainly rather than slower.
     The draft also stops itself once its confidence in a token falls below `min_confidence`."""
 
     costs: CostModel
@@ -64,13 +78,21 @@ class CostAwareK:
     accepted_weight: float = 3.0  # prior: acceptance 0.75
     rejected_weight: float = 1.0
     plain_steps: int = 0
+    catch_up_margin: float = 1.25  # drafting must save this many times its catch-up
+
+    def __post_init__(self) -> None:
+        if self.costs.ready:
+            self.k = self.best_k()
 
     @property
     def acceptance(self) -> float:
         return self.accepted_weight / (self.accepted_weight + self.rejected_weight)
 
-    def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0) -> None:
+    def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0,
+               catch_up_tokens: int = 0, catch_up_seconds: float = 0.0) -> None:
+        """draft_seconds: drafting alone; the catch-up before it is timed apart."""
         self.costs.observe(n_drafted, draft_seconds, n_drafted + 1, target_seconds)
+        self.costs.observe_catch_up(catch_up_tokens, catch_up_seconds)
         if n_drafted:
             self.accepted_weight = self.fading * self.accepted_weight + n_accepted
             self.rejected_weight = self.fading * self.rejected_weight + (n_accepted < n_drafted)
@@ -79,6 +101,18 @@ class CostAwareK:
             self.plain_steps += 1
         if self.costs.ready:
             self.k = self.best_k()
+
+    def next_k(self, remaining: int, catch_up: int) -> int:
+        """The draft length of the next step, with `remaining` tokens left in the budget and
+        `catch_up` tokens the draft must be fed before it can draft."""
+        if self.k == 0 or catch_up == 0 or not self.costs.ready:
+            return self.k
+        catch_up_seconds = catch_up * self.costs.catch_up_token
+        plain_step = self.costs.verify_seconds(1)
+        saved = remaining * (plain_step - 1 / self.expected_rate(self.k))
+        if saved <= 0:  # a probe: worth looking again only when the catch-up costs no more than a plain step
+            return self.k if catch_up_seconds <= plain_step else 0
+        return self.k if saved >= self.catch_up_margin * catch_up_seconds else 0
 
     def expected_rate(self, k: int) -> float:
         """Expected tokens per second of a step drafting k tokens."""

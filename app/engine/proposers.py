@@ -18,6 +18,7 @@ class Draft:
     # Seconds spent first feeding the draft model tokens committed while it was idle (the prompt,
     # plain steps): a one-off catch-up, not a cost per drafted token.
     catch_up_seconds: float = 0.0
+    catch_up_tokens: int = 0
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -25,6 +26,7 @@ class Draft:
 
 class Proposer(Protocol):
     def begin(self, prompt_ids: list[int]) -> None: ...
+    def behind(self) -> int: ...  # committed tokens it must first be fed before it can draft
     def propose(self, k: int, min_confidence: float = 0.0) -> Draft: ...
     def commit(self, n_accepted: int, next_token: int) -> None: ...
 
@@ -38,6 +40,9 @@ class _Committed:
 
     def commit(self, n_accepted: int, next_token: int) -> None:
         self.ids += self.last_draft[:n_accepted] + [next_token]
+
+    def behind(self) -> int:
+        return 0
 
 
 class DraftModelProposer(_Committed):
@@ -55,13 +60,13 @@ class DraftModelProposer(_Committed):
     def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
         # Feed what was committed since the cache last grew: usually the target's last token; the
         # prompt on the first draft, and the tokens of plain steps after them.
-        catch_up = 0.0
-        if len(self.ids) - self.model.length > 1:
+        catch_up_seconds, catch_up_tokens = 0.0, self.behind()
+        if catch_up_tokens:
             start = time.perf_counter()
             self.model.forward(torch.tensor(self.ids[self.model.length : -1], dtype=torch.long), keep=1)
             if self.model.device.type == "cuda":
                 torch.cuda.synchronize()
-            catch_up = time.perf_counter() - start
+            catch_up_seconds = time.perf_counter() - start
         logits = self.model.forward(torch.tensor(self.ids[-1:], dtype=torch.long), keep=1)[0]
         tokens, probs = [], []
         for i in range(k):
@@ -73,9 +78,13 @@ class DraftModelProposer(_Committed):
             if i == k - 1 or (min_confidence > 0 and float(step_probs[token]) < min_confidence):
                 break
             logits = self.model.forward(token.view(1), keep=1)[0]
-        draft = Draft(torch.stack(tokens), torch.stack(probs), catch_up)
+        draft = Draft(torch.stack(tokens), torch.stack(probs), catch_up_seconds, catch_up_tokens)
         self.last_draft = draft.tokens.tolist()
         return draft
+
+    def behind(self) -> int:
+        # The last committed token is fed with the first draft step, not caught up on.
+        return len(self.ids) - 1 - self.model.length
 
     def commit(self, n_accepted: int, next_token: int) -> None:
         # The cache holds the old ids plus all drafts but the last; keep the accepted part.

@@ -72,6 +72,7 @@ void rotate(float* x, int64_t heads, int64_t head_dim, const float* cos, const f
 }
 
 inline __mmask16 lanes(int64_t remaining) {
+  if (remaining <= 0) return 0;
   return remaining >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1);
 }
 
@@ -91,35 +92,91 @@ inline __m512 exp_nonpositive(__m512 x) {
 }
 
 // One query row of one head over `length` cached keys: out [head_dim] = softmax(q.K * scaling) V.
-// keys, values: [length, head_dim] rows of the cache; scores: scratch of at least `length`.
-void attend(const float* query, const float* keys, const float* values, int64_t length, int64_t head_dim,
-            float scaling, float* scores, float* out) {
-  float best = -INFINITY;
-  for (int64_t j = 0; j < length; ++j) {
-    __m512 dot = _mm512_setzero_ps();
-    for (int64_t d = 0; d < head_dim; d += 16) {
-      const __mmask16 m = lanes(head_dim - d);
-      dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, query + d), _mm512_maskz_loadu_ps(m, keys + j * head_dim + d), dot);
+// keys_t: the keys transposed, [head_dim, key_stride] (row d holds component d of every key), so
+// 16 keys' scores build up in one vector with no horizontal sums; values: [length, head_dim] rows;
+// scores: scratch of at least `length`. Every score and output sums in one fixed order (over d,
+// then over keys), whatever else is in the batch.
+void attend(const float* query, const float* keys_t, int64_t key_stride, const float* values, int64_t length,
+            int64_t head_dim, float scaling, float* scores, float* out) {
+  constexpr int64_t kBlocks = 4;  // 64 keys at a time: four independent FMA chains
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  for (int64_t j0 = 0; j0 < length; j0 += 16 * kBlocks) {
+    __m512 dot[kBlocks];
+    __mmask16 valid[kBlocks];
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      dot[b] = _mm512_setzero_ps();
+      valid[b] = lanes(length - j0 - 16 * b);
     }
-    scores[j] = _mm512_reduce_add_ps(dot) * scaling;
-    best = std::max(best, scores[j]);
+    for (int64_t d = 0; d < head_dim; ++d) {
+      const __m512 q = _mm512_set1_ps(query[d]);
+      const float* row = keys_t + d * key_stride + j0;
+      for (int64_t b = 0; b < kBlocks; ++b) dot[b] = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(valid[b], row + 16 * b), dot[b]);
+    }
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      const __m512 scaled = _mm512_mul_ps(dot[b], _mm512_set1_ps(scaling));
+      _mm512_mask_storeu_ps(scores + j0 + 16 * b, valid[b], scaled);
+      best = _mm512_mask_max_ps(best, valid[b], best, scaled);
+    }
   }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
   __m512 total = _mm512_setzero_ps();
   for (int64_t j = 0; j < length; j += 16) {
     const __mmask16 m = lanes(length - j);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), _mm512_set1_ps(best)));
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), top));
     _mm512_mask_storeu_ps(scores + j, m, e);
     total = _mm512_add_ps(total, _mm512_maskz_mov_ps(m, e));
   }
-  const float inverse = 1.f / _mm512_reduce_add_ps(total);
-  for (int64_t d = 0; d < head_dim; d += 16) {
-    const __mmask16 m = lanes(head_dim - d);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t j = 0; j < length; ++j) {
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_maskz_loadu_ps(m, values + j * head_dim + d), acc);
+  const __m512 inverse = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
+  for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kBlocks) {  // 64 components at a time, in registers
+    __m512 acc[kBlocks];
+    __mmask16 valid[kBlocks];
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      acc[b] = _mm512_setzero_ps();
+      valid[b] = lanes(head_dim - d0 - 16 * b);
     }
-    _mm512_mask_storeu_ps(out + d, m, _mm512_mul_ps(acc, _mm512_set1_ps(inverse)));
+    for (int64_t j = 0; j < length; ++j) {
+      const __m512 weight = _mm512_set1_ps(scores[j]);
+      const float* row = values + j * head_dim + d0;
+      for (int64_t b = 0; b < kBlocks; ++b) acc[b] = _mm512_fmadd_ps(weight, _mm512_maskz_loadu_ps(valid[b], row + 16 * b), acc[b]);
+    }
+    for (int64_t b = 0; b < kBlocks; ++b) _mm512_mask_storeu_ps(out + d0 + 16 * b, valid[b], _mm512_mul_ps(acc[b], inverse));
   }
+}
+
+// n query rows (row r at position start + r, its `heads` queries first in a row of `q_stride`
+// floats) over the cache: out [n, heads * head_dim]. Keys transposed [kv_heads, head_dim,
+// capacity], values [kv_heads, capacity, head_dim]; query head h reads kv head h / (heads / kv_heads).
+// Each (row, head) is computed by one thread alone, in the same order whatever n is.
+void causal_attention(const float* queries, int64_t q_stride, int64_t n, int64_t heads, int64_t kv_heads,
+                      int64_t head_dim, const float* key_cache, const float* value_cache, int64_t capacity,
+                      int64_t start, float scaling, float* out) {
+  const int64_t group = heads / kv_heads;
+  at::parallel_for(0, n * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(start + n);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / heads, head = task % heads, g = head / group;
+      attend(queries + r * q_stride + head * head_dim, key_cache + g * head_dim * capacity, capacity,
+             value_cache + g * capacity * head_dim, start + r + 1, head_dim, scaling, scores.data(),
+             out + (r * heads + head) * head_dim);
+    }
+  });
+}
+
+// The same attention on tensors, for tests: queries [n, heads, head_dim], keys_t [kv_heads,
+// head_dim, capacity], values [kv_heads, capacity, head_dim] holding start + n positions.
+torch::Tensor attention(torch::Tensor queries, torch::Tensor keys_t, torch::Tensor values, int64_t start,
+                        double scaling) {
+  queries = queries.contiguous();
+  keys_t = keys_t.contiguous();
+  values = values.contiguous();
+  const int64_t n = queries.size(0), heads = queries.size(1), head_dim = queries.size(2);
+  TORCH_CHECK(keys_t.size(1) == head_dim && start + n <= keys_t.size(2) && values.size(1) == keys_t.size(2),
+              "cache shapes do not match");
+  torch::Tensor out = torch::empty({n, heads, head_dim}, torch::kFloat);
+  causal_attention(queries.data_ptr<float>(), heads * head_dim, n, heads, keys_t.size(0), head_dim,
+                   keys_t.data_ptr<float>(), values.data_ptr<float>(), keys_t.size(2), start,
+                   static_cast<float>(scaling), out.data_ptr<float>());
+  return out;
 }
 
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
@@ -131,9 +188,10 @@ class LayerStack {
       : layers_(std::move(layers)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
         scaling_(static_cast<float>(scaling)), eps_(eps) {}
 
-  // hidden [n, D] float32 -> [n, D] after every layer. keys/values: per layer [kv_heads,
-  // capacity, head_dim] float32 caches holding `start` tokens; this call writes positions
-  // start..start+n-1. cos/sin [n, head_dim]: the rotary embedding of those positions.
+  // hidden [n, D] float32 -> [n, D] after every layer. Per layer float32 caches holding `start`
+  // tokens: keys transposed [kv_heads, head_dim, capacity], values [kv_heads, capacity, head_dim];
+  // this call writes positions start..start+n-1. cos/sin [n, head_dim]: the rotary embedding of
+  // those positions.
   torch::Tensor forward(torch::Tensor hidden, const std::vector<torch::Tensor>& keys,
                         const std::vector<torch::Tensor>& values, torch::Tensor cos, torch::Tensor sin,
                         int64_t start) {
@@ -143,13 +201,13 @@ class LayerStack {
     sin = sin.contiguous();
     const int64_t n = hidden.size(0), hd = head_dim_;
     const int64_t q_width = heads_ * hd, kv_width = kv_heads_ * hd;
-    TORCH_CHECK(start + n <= keys[0].size(1), "the KV cache is too small");
+    TORCH_CHECK(start + n <= keys[0].size(2) && keys[0].size(2) == values[0].size(1), "the KV cache is too small");
     float* h = hidden.data_ptr<float>();
     for (size_t index = 0; index < layers_.size(); ++index) {
       const Layer& layer = layers_[index];
       torch::Tensor qkv = project(rms_norm(hidden, layer.input_norm, eps_), layer.qkv);  // [n, q+k+v]
       float* qkv_ptr = qkv.data_ptr<float>();
-      const int64_t capacity = keys[index].size(1), qkv_width = qkv.size(1);
+      const int64_t capacity = keys[index].size(2), qkv_width = qkv.size(1);
       float* key_cache = keys[index].data_ptr<float>();
       float* value_cache = values[index].data_ptr<float>();
       for (int64_t r = 0; r < n; ++r) {
@@ -157,24 +215,14 @@ class LayerStack {
         rotate(row, heads_, hd, cos.data_ptr<float>() + r * hd, sin.data_ptr<float>() + r * hd);
         rotate(row + q_width, kv_heads_, hd, cos.data_ptr<float>() + r * hd, sin.data_ptr<float>() + r * hd);
         for (int64_t g = 0; g < kv_heads_; ++g) {
-          const int64_t at = (g * capacity + start + r) * hd;
-          std::copy_n(row + q_width + g * hd, hd, key_cache + at);
-          std::copy_n(row + q_width + kv_width + g * hd, hd, value_cache + at);
+          const float* key = row + q_width + g * hd;
+          for (int64_t d = 0; d < hd; ++d) key_cache[(g * hd + d) * capacity + start + r] = key[d];
+          std::copy_n(row + q_width + kv_width + g * hd, hd, value_cache + (g * capacity + start + r) * hd);
         }
       }
       torch::Tensor attended = torch::empty({n, q_width}, torch::kFloat);
-      float* attended_ptr = attended.data_ptr<float>();
-      const int64_t group = heads_ / kv_heads_;
-      // Each (row, head) is computed by one thread alone, in the same order whatever n is.
-      at::parallel_for(0, n * heads_, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores(start + n);
-        for (int64_t task = begin; task < end; ++task) {
-          const int64_t r = task / heads_, head = task % heads_, g = head / group;
-          attend(qkv_ptr + r * qkv_width + head * hd, key_cache + g * capacity * hd,
-                 value_cache + g * capacity * hd, start + r + 1, hd, scaling_, scores.data(),
-                 attended_ptr + r * q_width + head * hd);
-        }
-      });
+      causal_attention(qkv_ptr, qkv_width, n, heads_, kv_heads_, hd, key_cache, value_cache, capacity, start,
+                       scaling_, attended.data_ptr<float>());
       add_into(h, project(attended, {layer.output}));
       torch::Tensor gate_up = project(rms_norm(hidden, layer.post_norm, eps_), layer.gate_up);  // [n, 2I]
       const int64_t inner = gate_up.size(1) / 2;
@@ -219,6 +267,8 @@ void bind_decoder(pybind11::module& m) {
            }),
            py::arg("input_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("output"), py::arg("gate_up"),
            py::arg("down"));
+  m.def("attention", &attention, py::call_guard<py::gil_scoped_release>(),
+        "causal attention of n new rows over a transposed-key cache, as the layer stack computes it");
   py::class_<LayerStack>(m, "LayerStack")
       .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double>(), py::arg("layers"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scaling"), py::arg("eps"))
