@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -54,18 +55,21 @@ def cached(model: PreTrainedModel, vocab_width: int | None = None):
     return CachedModel(model, vocab_width)
 
 
-def pass_seconds(model, n: int, context: int = 32, repeats: int = 2) -> float:
+def pass_seconds(model, sizes: Iterable[int], context: int = 32, repeats: int = 2) -> dict[int, float]:
     """Seconds of one cached forward over n new tokens after `context` cached ones (best of
-    `repeats`); the cache is left empty."""
+    `repeats`), for each n in `sizes`. The context is fed once and each pass rolled back, so the
+    timing costs little more than the passes themselves; the cache is left empty."""
     vocab = model.model.config.vocab_size
-    best = float("inf")
-    for _ in range(repeats):
-        model.reset()
-        model.forward(torch.arange(context) % vocab, keep=1)
-        start = time.perf_counter()
-        model.forward(torch.arange(n) % vocab, keep=n)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
     model.reset()
-    return best
+    model.forward(torch.arange(context) % vocab, keep=1)
+    seconds = {}
+    for n in sizes:
+        for _ in range(repeats):
+            model.rollback(context)
+            start = time.perf_counter()
+            model.forward(torch.arange(n) % vocab, keep=n)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds[n] = min(seconds.get(n, float("inf")), time.perf_counter() - start)
+    model.reset()
+    return seconds

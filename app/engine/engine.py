@@ -82,13 +82,12 @@ class SpeculativeEngine:
         tokens once (about a second for the default pair), so the cost-aware policy chooses well
         from the first step; later steps refine the figures. Runs on first use when nobody called
         it after loading."""
-        for n in (1, 2, 5, 9, 17):
-            self.costs.verify[n] = pass_seconds(self._target, n)
+        self.costs.verify.update(pass_seconds(self._target, (1, 2, 5, 9, 17)))
         if self._draft is None:  # only prompt lookup drafts, at next to no cost
             self.costs.draft_token = 1e-5
             return
-        self.costs.draft_token = pass_seconds(self._draft, 1)
-        self.costs.catch_up_token = pass_seconds(self._draft, 64) / 64
+        draft = pass_seconds(self._draft, (1, 64))
+        self.costs.draft_token, self.costs.catch_up_token = draft[1], draft[64] / 64
 
     def _proposer(self, options: GenerationOptions, generator: torch.Generator) -> Proposer:
         if not options.speculative:
