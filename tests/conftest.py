@@ -15,3 +15,9 @@ def tiny_target():
 @pytest.fixture(scope="session")
 def tiny_draft():
     return tiny_model(seed=2)  # unrelated weights: almost nothing is accepted
+
+
+@pytest.fixture(autouse=True)
+def remembered_costs_in_tmp(tmp_path, monkeypatch):
+    """Costs timed in a test are remembered in the test's own folder, not the user's cache."""
+    monkeypatch.setattr("app.engine.calibration.costs_path", lambda: tmp_path / "costs.json")

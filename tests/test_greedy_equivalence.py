@@ -196,7 +196,8 @@ def test_a_probe_is_not_worth_a_long_catch_up():
     for _ in range(policy.probe_every):
         policy.update(n_drafted=0, n_accepted=0, target_seconds=0.05)
     assert policy.k > 0  # it wants to probe
-    assert policy.next_k(remaining=400, catch_up=policy.probe_every) == policy.k  # 16 ms: cheaper than a plain step
+    assert policy.next_k(remaining=400, catch_up=policy.probe_every) == policy.k  # 16 ms after a run of plain steps
+    assert policy.next_k(remaining=400, catch_up=100) == policy.k  # 0.2 s of 20 s left: worth a look
     assert policy.next_k(remaining=400, catch_up=600) == 0  # 1.2 s just to look
 
 

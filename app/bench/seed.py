@@ -150,12 +150,16 @@ def plot(summary: dict[str, dict], records: dict[str, list[dict]], path: Path) -
     speed.set_ylabel("x")
     top = max((max(r["speculative"]["accepted_lengths"], default=0) for n in names for r in records[n]), default=0)
     bins = [b - 0.5 for b in range(top + 2)]
+    drafted = False
     for name, colour in zip(names, ("#0072B2", "#D55E00", "#AA3377")):
         values = [v for r in records[name] for v in r["speculative"]["accepted_lengths"]]
-        lengths.hist(values, bins=bins, histtype="step", linewidth=2, color=colour, label=name, density=True)
+        if values:  # a task decoded plainly throughout has no drafting steps to show
+            lengths.hist(values, bins=bins, histtype="step", linewidth=2, color=colour, label=name, density=True)
+            drafted = True
     lengths.set_title("Accepted draft tokens per step")
     lengths.set_xlabel("accepted length")
-    lengths.legend()
+    if drafted:
+        lengths.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

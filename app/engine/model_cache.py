@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 
 from ..options import LoadOptions
+from .calibration import calibrate_remembered
 from .engine import SpeculativeEngine
 from .models import LoadedModel, Precision, load_model, pick_device
 
@@ -49,5 +50,5 @@ class ModelCache:
                     return None
             engine = SpeculativeEngine(self.models[keys[0]], self.models[keys[1]])
             report("Measuring draft and verification costs", None)
-            engine.calibrate()
+            calibrate_remembered(engine)
             return engine if self.is_current(ticket) else None

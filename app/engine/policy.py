@@ -82,6 +82,7 @@ class CostAwareK:
     # way, while both estimates err on the optimistic side on long prompts (the draft's cost per
     # prompt token, timed on 64 tokens, grows with the prompt's length through attention).
     catch_up_margin: float = 2.0
+    probe_budget: float = 0.03  # a probe's catch-up may cost this share of the plain time left
 
     def __post_init__(self) -> None:
         if self.costs.ready:
@@ -113,8 +114,8 @@ class CostAwareK:
         catch_up_seconds = catch_up * self.costs.catch_up_token
         plain_step = self.costs.verify_seconds(1)
         saved = remaining * (plain_step - 1 / self.expected_rate(self.k))
-        if saved <= 0:  # a probe: worth looking again only when the catch-up costs no more than a plain step
-            return self.k if catch_up_seconds <= plain_step else 0
+        if saved <= 0:  # a probe: worth looking again when its catch-up is a small part of what is left
+            return self.k if catch_up_seconds <= self.probe_budget * remaining * plain_step else 0
         return self.k if saved >= self.catch_up_margin * catch_up_seconds else 0
 
     def expected_rate(self, k: int) -> float:

@@ -1,0 +1,81 @@
+"""Draft and verification costs remembered between starts.
+
+Timing the models (engine.calibrate) takes one to two seconds of every start. The figures
+belong to the models, their precision, the thread count and the CPU, so they are kept per such
+key in the user cache; steps refine them as before. A missing, unreadable or unwritable file
+only means the models are timed again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from .cache import cache_root
+from .engine import SpeculativeEngine
+from .policy import CostModel
+
+
+def costs_path() -> Path:
+    return cache_root() / "costs.json"
+
+
+def calibrate_remembered(engine: SpeculativeEngine, path: Path | None = None) -> bool:
+    """Sets engine.costs from the remembered figures, or times the models and remembers them.
+    True when remembered figures were used."""
+    path = path or costs_path()
+    key = _key(engine)
+    remembered = _read(path)
+    entry = remembered.get(key)
+    if entry:
+        try:
+            engine.costs = CostModel(draft_token=float(entry["draft_token"]), catch_up_token=float(entry["catch_up_token"]),
+                                     verify={int(n): float(s) for n, s in entry["verify"].items()})
+            if engine.costs.ready:
+                return True
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass  # an older or damaged entry: time again
+    engine.calibrate()
+    costs = engine.costs
+    remembered[key] = {"draft_token": costs.draft_token, "catch_up_token": costs.catch_up_token,
+                       "verify": {str(n): s for n, s in costs.verify.items()}}
+    _write(path, remembered)
+    return False
+
+
+def _key(engine: SpeculativeEngine) -> str:
+    draft = f"{engine.draft.name} ({engine.draft.precision})" if engine.draft else "no draft"
+    return (f"{engine.target.name} ({engine.target.precision}) | {draft} | {engine.target.model.device} | "
+            f"{torch.get_num_threads()} threads | {_cpu()}")
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        partial.replace(path)
+    except OSError:
+        pass  # a full or read-only disk costs the next start its timing, nothing else
