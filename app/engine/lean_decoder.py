@@ -56,8 +56,9 @@ class LeanDecoder:
         if needed <= capacity:
             return
         capacity = max(needed, 2 * capacity, 256)
-        keys = [torch.zeros(1, self.kv_heads, self.head_dim, capacity, device=self.device) for _ in self.keys or self.model.model.layers]
-        values = [torch.zeros(1, self.kv_heads, capacity, self.head_dim, device=self.device) for _ in keys]
+        layers = len(self.model.model.layers)
+        keys = [torch.zeros(1, self.kv_heads, self.head_dim, capacity, device=self.device) for _ in range(layers)]
+        values = [torch.zeros(1, self.kv_heads, capacity, self.head_dim, device=self.device) for _ in range(layers)]
         for old, new in zip(self.keys, keys):
             new[..., : self.length] = old[..., : self.length]
         for old, new in zip(self.values, values):
