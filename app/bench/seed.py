@@ -109,13 +109,16 @@ def compare_to_reference(records: list[dict], reference: dict[tuple[str, int], d
             "same_score": round(sum(a["score"] == b["score"] for a, b in pairs) / len(pairs), 4)}
 
 
+def _scores(quality: dict | None) -> str:
+    return "–" if quality is None else ", ".join(f"{k} {v:.3f}" for k, v in quality.items())
+
+
 def reference_table(comparisons: dict[str, dict], reference: Path) -> str:
-    show = lambda q: ", ".join(f"{k} {v:.3f}" for k, v in q.items())
     lines = [f"Against the reference run `{reference}` (greedy answers, same items):", "",
              "| task | items | quality (this run) | quality (reference) | same text | same score |",
              "|---|---:|---|---|---:|---:|"]
     for name, c in comparisons.items():
-        lines.append(f"| {name} | {c['items']} | {show(c['quality'])} | {show(c['reference_quality'])} | "
+        lines.append(f"| {name} | {c['items']} | {_scores(c['quality'])} | {_scores(c['reference_quality'])} | "
                      f"{c['same_text']:.0%} | {c['same_score']:.0%} |")
     return "\n".join(lines)
 
@@ -125,14 +128,13 @@ def markdown_table(summary: dict[str, dict]) -> str:
              "| quality plain | quality speculative | identical |",
              "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
     number = lambda value, form: "–" if value is None else format(value, form)
-    show = lambda q: "–" if q is None else ", ".join(f"{k} {v:.3f}" for k, v in q.items())
     for name, s in summary.items():
         identical = "–" if "identical" not in s else str(s["identical"]).lower()
         lines.append(f"| {name} | {s['items']} | {number(s.get('plain_tokens_per_s'), '.2f')} | "
                      f"{number(s.get('speculative_tokens_per_s'), '.2f')} | {number(s.get('speedup'), '.2f')}"
                      f"{'x' if 'speedup' in s else ''} | "
                      f"{number(s.get('acceptance_rate'), '.1%')} | {number(s.get('mean_accepted_length'), '.2f')} | "
-                     f"{show(s.get('quality_plain'))} | {show(s.get('quality_speculative'))} | {identical} |")
+                     f"{_scores(s.get('quality_plain'))} | {_scores(s.get('quality_speculative'))} | {identical} |")
     return "\n".join(lines)
 
 
