@@ -91,6 +91,16 @@ inline __m512 exp_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, whole);
 }
 
+// Zeroed accumulators for Blocks blocks of 16 lanes, and which lanes of each hold one of the
+// `remaining` elements.
+template <int64_t Blocks>
+inline void start_blocks(__m512* acc, __mmask16* valid, int64_t remaining) {
+  for (int64_t b = 0; b < Blocks; ++b) {
+    acc[b] = _mm512_setzero_ps();
+    valid[b] = lanes(remaining - 16 * b);
+  }
+}
+
 // One query row of one head over `length` cached keys: out [head_dim] = softmax(q.K * scaling) V.
 // keys_t: the keys transposed, [head_dim, key_stride] (row d holds component d of every key), so
 // 16 keys' scores build up in one vector with no horizontal sums; values: [length, head_dim] rows;
@@ -103,10 +113,7 @@ void attend(const float* query, const float* keys_t, int64_t key_stride, const f
   for (int64_t j0 = 0; j0 < length; j0 += 16 * kBlocks) {
     __m512 dot[kBlocks];
     __mmask16 valid[kBlocks];
-    for (int64_t b = 0; b < kBlocks; ++b) {
-      dot[b] = _mm512_setzero_ps();
-      valid[b] = lanes(length - j0 - 16 * b);
-    }
+    start_blocks<kBlocks>(dot, valid, length - j0);
     for (int64_t d = 0; d < head_dim; ++d) {
       const __m512 q = _mm512_set1_ps(query[d]);
       const float* row = keys_t + d * key_stride + j0;
@@ -130,10 +137,7 @@ void attend(const float* query, const float* keys_t, int64_t key_stride, const f
   for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kBlocks) {  // 64 components at a time, in registers
     __m512 acc[kBlocks];
     __mmask16 valid[kBlocks];
-    for (int64_t b = 0; b < kBlocks; ++b) {
-      acc[b] = _mm512_setzero_ps();
-      valid[b] = lanes(head_dim - d0 - 16 * b);
-    }
+    start_blocks<kBlocks>(acc, valid, head_dim - d0);
     for (int64_t j = 0; j < length; ++j) {
       const __m512 weight = _mm512_set1_ps(scores[j]);
       const float* row = values + j * head_dim + d0;
