@@ -14,7 +14,7 @@ from app.engine.models import LoadedModel, Precision, load_model
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model
 
-FORMATS = [(4, 32), (8, 32), (8, 16), (4, 16)]
+FORMATS = [(4, 32), (8, 32), (8, 16), (4, 16), (6, 16), (6, 32)]
 
 
 def random_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -25,15 +25,20 @@ def random_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 def test_pack_round_trip(bits, group):
     q = torch.randint(0, 1 << bits, (48, 64), dtype=torch.uint8)  # 48 rows: padded to 64
     scale, min_ = torch.rand(48, 64 // group), torch.rand(48, 64 // group)
+    if bits == 6:  # symmetric: w = scale * (q - 32), no min stored
+        min_ = None
     packed = packing.pack(q, scale, min_, bits, group)
     assert packed.out_features == 64 and torch.equal(packing.unpack(packed)[:48], q)
-    expected = scale.half().float().repeat_interleave(group, 1) * q.float() - min_.half().float().repeat_interleave(group, 1)
-    assert torch.equal(packing.dequantize(packed)[:48], expected)
+    per_input = lambda t: t.half().float().repeat_interleave(group, 1)
+    offset = per_input(scale) * 32 if min_ is None else per_input(min_)
+    assert torch.equal(packing.dequantize(packed)[:48], per_input(scale) * q.float() - offset)
 
 
 def test_pack_refuses_values_that_do_not_fit():
     with pytest.raises(ValueError, match="4 unsigned bits"):
         packing.pack(torch.full((32, 32), 16), torch.ones(32, 1), torch.zeros(32, 1), 4, 32)
+    with pytest.raises(ValueError, match="6-bit weights have no min"):
+        packing.pack(torch.zeros(32, 32), torch.ones(32, 1), torch.zeros(32, 1), 6, 32)
 
 
 @pytest.mark.parametrize(("bits", "group"), FORMATS)
@@ -65,8 +70,9 @@ def test_linear_is_batch_invariant(bits, group, path):
         assert torch.equal(torch.cat([linear(x[i : i + size], packed) for i in range(0, 17, size)]), alone)
 
 
-def test_embedding_rows_match_the_dequantized_weight():
-    packed = packing.quantize_float(random_weight(80, 64), 4, 32)
+@pytest.mark.parametrize(("bits", "group"), FORMATS)
+def test_embedding_rows_match_the_dequantized_weight(bits, group):
+    packed = packing.quantize_float(random_weight(80, 64), bits, group)
     ids = torch.tensor([0, 5, 17, 79, 5])
     expected = packing.dequantize(packed)[ids]
     assert torch.equal(kernel.rows(ids, packed), expected)

@@ -3,7 +3,7 @@
 Every block format the default pair uses is `w = scale * q - min` per group:
   Q4_K  4-bit q, scale = d*sc, min = dmin*m per 32   -> 4 bits, groups of 32
   Q5_K  5-bit q, the same scales                      -> 8 bits, groups of 32
-  Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 8 bits, groups of 16
+  Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 6 bits (symmetric, no min), groups of 16
   Q5_0  5-bit q, w = d*(q-16) per 32                  -> 8 bits, groups of 32
   Q8_0  int8 q, w = d*q per 32                        -> 8 bits (q+128), groups of 32
 Other types (and float tensors) are dequantized and quantized to 8 bits, groups of 32.
@@ -18,7 +18,7 @@ from gguf import dequantize
 
 from .packing import PackedWeight, pack, quantize_float
 
-Groups = tuple[np.ndarray, np.ndarray, np.ndarray, int, int]  # q [N, K] uint8, scale, min [N, K/G], bits, G
+Groups = tuple[np.ndarray, np.ndarray, np.ndarray | None, int, int]  # q [N, K] uint8, scale, min [N, K/G], bits, G
 
 
 def _half(raw: np.ndarray) -> np.ndarray:
@@ -56,7 +56,7 @@ def _q6_k(blocks: np.ndarray) -> Groups:
     qh = (qh & 0x03).reshape(-1, 8, 32)
     sc = blocks[:, 192:208].copy().view(np.int8).astype(np.float32)
     scale = _half(blocks[:, 208:210]) * sc
-    return (ql | (qh << 4)).reshape(-1, 256), scale, 32 * scale, 8, 16
+    return (ql | (qh << 4)).reshape(-1, 256), scale, None, 6, 16
 
 
 def _q5_0(blocks: np.ndarray) -> Groups:
@@ -90,11 +90,9 @@ def packed_from_gguf(data: np.ndarray, qtype: T, shape: tuple[int, int], row_ord
         return quantize_float(weight, requantize_bits or 8, 32)
     blocks = np.ascontiguousarray(data).reshape(n * k // _block_size(qtype), -1)
     q, scale, min_, bits, group = decoder(blocks)
-    q, scale, min_ = q.reshape(n, k), scale.reshape(n, k // group), min_.reshape(n, k // group)
-    if row_order is not None:
-        q, scale, min_ = q[row_order], scale[row_order], min_[row_order]
-    return pack(torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(np.ascontiguousarray(scale)),
-                torch.from_numpy(np.ascontiguousarray(min_)), bits, group)
+    order = slice(None) if row_order is None else row_order
+    as_tensor = lambda a, width: None if a is None else torch.from_numpy(np.ascontiguousarray(a.reshape(n, width)[order]))
+    return pack(as_tensor(q, k), as_tensor(scale, k // group), as_tensor(min_, k // group), bits, group)
 
 
 def _block_size(qtype: T) -> int:

@@ -1,15 +1,17 @@
-// Low-bit linear layers for the CPU: 4- or 8-bit unsigned weights with a scale and a min per
+// Low-bit linear layers for the CPU: 4-, 6- or 8-bit unsigned weights with a scale and a min per
 // group of G inputs (w = scale * q - min), times activations quantized to int8 per row and per
 // group. Integer dot products (AVX-512 VNNI) do the work; every output element is computed by
 // the same sequence of operations whatever the number of rows, so a token verified inside a
 // batch gets exactly the logits it would get alone (batch invariance).
 //
 // Layout (see lowbit/packing.py, which also holds the pure-torch reference):
-//   q      uint8  [N/16, K/G, C', 16, 4]  C = G/4 chunks of 4 inputs; 8-bit: C' = C, one byte per
-//                                          weight; 4-bit: C' = C/2, chunk 2p in the low nibble and
-//                                          chunk 2p+1 in the high nibble.
+//   q      uint8  [N/16, K/G, L, 16, 4]  C = G/4 chunks of 4 inputs; 8-bit: L = C lines, one byte
+//                                         per weight; 4-bit: L = C/2, chunk 2p in the low nibble and
+//                                         chunk 2p+1 in the high nibble of line p; 6-bit: those C/2
+//                                         lines of low nibbles, then C/4 lines of top bit pairs
+//                                         (chunk 4h+j in bits 2j, 2j+1 of line C/2+h).
 //   scale  fp16   [N/16, K/G, 16]
-//   min    fp16   [N/16, K/G, 16]
+//   min    fp16   [N/16, K/G, 16]      (empty for 6 bits: symmetric, min = 32 * scale)
 // A 32-bit lane of a 64-byte vector holds 4 consecutive inputs of one output, so one VNNI
 // instruction advances 16 outputs by 4 inputs against 4 broadcast activation bytes.
 #include "kernel.h"
@@ -30,17 +32,19 @@ struct QuantizedRows {
   torch::Tensor q;           // int8 [M, K]
   torch::Tensor scale;       // float [M, K/G]: int8 step of each group
   torch::Tensor scaled_sum;  // float [M, K/G]: scale * (sum of the group's int8 values)
+  torch::Tensor sum;         // int32 [M, K/G]: sum of the group's int8 values
 };
 
 // Symmetric int8 per row and group; the same arithmetic as packing.quantize_activations.
 QuantizedRows quantize_rows(const torch::Tensor& x, int64_t group) {
   const int64_t rows = x.size(0), k = x.size(1), groups = k / group;
   QuantizedRows out{torch::empty({rows, k}, torch::kInt8), torch::empty({rows, groups}, torch::kFloat),
-                    torch::empty({rows, groups}, torch::kFloat)};
+                    torch::empty({rows, groups}, torch::kFloat), torch::empty({rows, groups}, torch::kInt)};
   const float* src = x.data_ptr<float>();
   int8_t* q = out.q.data_ptr<int8_t>();
   float* scale = out.scale.data_ptr<float>();
   float* scaled_sum = out.scaled_sum.data_ptr<float>();
+  int32_t* int_sum = out.sum.data_ptr<int32_t>();
   for (int64_t i = 0; i < rows * groups; ++i) {
     const float* v = src + i * group;
     float amax = 0.f;
@@ -55,9 +59,20 @@ QuantizedRows quantize_rows(const torch::Tensor& x, int64_t group) {
     }
     scale[i] = step;
     scaled_sum[i] = step * static_cast<float>(sum);
+    int_sum[i] = sum;
   }
   return out;
 }
+
+// One block of activation rows, quantized: int8 values [rows, k], and per row and group the
+// int8 step, the step times the group's sum and the sum itself.
+struct Activations {
+  const int8_t* q;
+  const float* step;
+  const float* scaled_sum;
+  const int32_t* sum;
+  int64_t k;
+};
 
 inline __m512i broadcast4(const int8_t* p) {
   int32_t word;
@@ -65,70 +80,103 @@ inline __m512i broadcast4(const int8_t* p) {
   return _mm512_set1_epi32(word);
 }
 
+// The unsigned weights of one 4-input chunk of 16 outputs (see packing.pack for the lines):
+// 8-bit: the line itself; 4-bit: a nibble of line chunk/2; 6-bit: that nibble plus two top
+// bits from the lines after the nibbles.
+template <int Chunks, int Bits>
+inline __m512i chunk_weights(const uint8_t* lines, int chunk) {
+  const __m512i* line = reinterpret_cast<const __m512i*>(lines);
+  if constexpr (Bits == 8) return _mm512_loadu_si512(line + chunk);
+  const __m512i packed = _mm512_loadu_si512(line + chunk / 2);
+  __m512i value = _mm512_and_si512(chunk % 2 ? _mm512_srli_epi16(packed, 4) : packed, _mm512_set1_epi8(0x0F));
+  if constexpr (Bits == 6) {
+    const __m512i tops = _mm512_loadu_si512(line + Chunks / 2 + chunk / 4);
+    const int at = 2 * (chunk % 4);  // the chunk's two bits, moved to bits 4 and 5
+    const __m512i moved = at < 4 ? _mm512_slli_epi16(tops, 4 - at) : (at > 4 ? _mm512_srli_epi16(tops, at - 4) : tops);
+    value = _mm512_or_si512(value, _mm512_and_si512(moved, _mm512_set1_epi8(0x30)));
+  }
+  return value;
+}
+
 // Two 16-output tiles against `Rows` activation rows, over all K: each broadcast activation word
 // feeds both tiles, which halves the broadcasts (the limit of this loop on AVX-512 machines).
 // The arithmetic of each output is the same whatever Rows is: batch invariance.
-template <int Rows, int Chunks, bool FourBit>
+template <int Rows, int Chunks, int Bits>
 void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const at::Half* scale, const at::Half* min,
-                      int64_t groups, const int8_t* act, const float* act_scale, const float* act_sum, int64_t k,
-                      float* out, int64_t out_stride) {
-  constexpr int kPacked = FourBit ? Chunks / 2 : Chunks;
-  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+                      int64_t groups, const Activations& act, float* out, int64_t out_stride) {
+  constexpr int kLines = Bits == 8 ? Chunks : (Bits == 4 ? Chunks / 2 : Chunks / 2 + Chunks / 4);
+  constexpr bool kSymmetric = Bits == 6;  // w = scale * (q - 32): no min is stored
+  // With one or two rows, a single accumulator per tile would chain every dot product of the
+  // group on the previous one (latency bound); even and odd chunks then go to separate ones.
+  constexpr int kChains = Rows <= 2 ? 2 : 1;
   const uint8_t* q1 = q + tile_bytes;
   const int64_t scale_stride = groups * kTile;  // between the two tiles' scales
   __m512 acc0[Rows], acc1[Rows];
   for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    // Prefetch a few groups ahead on all six streams (two tiles x weights, scales, mins): the
+    // Prefetch a few groups ahead on every stream (two tiles x weights, scales, mins): the
     // hardware prefetcher alone leaves DRAM bandwidth unused at one or two rows. Past the last
     // group the addresses run into the next tile pair, which comes next; prefetches never fault.
     {
-      for (int line = 0; line < kPacked; ++line) {
-        _mm_prefetch(reinterpret_cast<const char*>(q + ((g + kAhead) * kPacked + line) * 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(q1 + ((g + kAhead) * kPacked + line) * 64), _MM_HINT_T0);
+      for (int line = 0; line < kLines; ++line) {
+        _mm_prefetch(reinterpret_cast<const char*>(q + ((g + kAhead) * kLines + line) * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q1 + ((g + kAhead) * kLines + line) * 64), _MM_HINT_T0);
       }
       if ((g & 1) == 0) {
         const int64_t at = (g + kAhead) * kTile;
         _mm_prefetch(reinterpret_cast<const char*>(scale + at), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(min + at), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(scale + scale_stride + at), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(min + scale_stride + at), _MM_HINT_T0);
+        if constexpr (!kSymmetric) {
+          _mm_prefetch(reinterpret_cast<const char*>(min + at), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(min + scale_stride + at), _MM_HINT_T0);
+        }
       }
     }
-    __m512i dot0[Rows], dot1[Rows];
-    for (int r = 0; r < Rows; ++r) dot0[r] = dot1[r] = _mm512_setzero_si512();
-    const int8_t* a = act + g * Chunks * 4;
-    for (int p = 0; p < kPacked; ++p) {
-      const __m512i v0 = _mm512_loadu_si512(q + (g * kPacked + p) * 64);
-      const __m512i v1 = _mm512_loadu_si512(q1 + (g * kPacked + p) * 64);
-      for (int half = 0; half < (FourBit ? 2 : 1); ++half) {
-        __m512i w0 = v0, w1 = v1;
-        if constexpr (FourBit) {
-          w0 = _mm512_and_si512(half ? _mm512_srli_epi16(v0, 4) : v0, low_nibbles);
-          w1 = _mm512_and_si512(half ? _mm512_srli_epi16(v1, 4) : v1, low_nibbles);
-        }
-        const int chunk = FourBit ? 2 * p + half : p;
-        for (int r = 0; r < Rows; ++r) {
-          const __m512i word = broadcast4(a + r * k + 4 * chunk);
-          dot0[r] = _mm512_dpbusd_epi32(dot0[r], w0, word);
-          dot1[r] = _mm512_dpbusd_epi32(dot1[r], w1, word);
-        }
+    __m512i dot0[kChains][Rows], dot1[kChains][Rows];
+    for (int c = 0; c < kChains; ++c) {
+      for (int r = 0; r < Rows; ++r) {
+        // Symmetric weights: the dot product starts at -32 * (sum of the activations), which
+        // subtracts the offset exactly, in integers.
+        const int32_t start = kSymmetric && c == 0 ? -32 * act.sum[r * groups + g] : 0;
+        dot0[c][r] = dot1[c][r] = _mm512_set1_epi32(start);
+      }
+    }
+    const int8_t* a = act.q + g * Chunks * 4;
+    const uint8_t* lines0 = q + g * kLines * 64;
+    const uint8_t* lines1 = q1 + g * kLines * 64;
+    for (int chunk = 0; chunk < Chunks; ++chunk) {
+      const __m512i w0 = chunk_weights<Chunks, Bits>(lines0, chunk);
+      const __m512i w1 = chunk_weights<Chunks, Bits>(lines1, chunk);
+      const int chain = chunk % kChains;
+      for (int r = 0; r < Rows; ++r) {
+        const __m512i word = broadcast4(a + r * act.k + 4 * chunk);
+        dot0[chain][r] = _mm512_dpbusd_epi32(dot0[chain][r], w0, word);
+        dot1[chain][r] = _mm512_dpbusd_epi32(dot1[chain][r], w1, word);
+      }
+    }
+    for (int c = 1; c < kChains; ++c) {
+      for (int r = 0; r < Rows; ++r) {
+        dot0[0][r] = _mm512_add_epi32(dot0[0][r], dot0[c][r]);
+        dot1[0][r] = _mm512_add_epi32(dot1[0][r], dot1[c][r]);
       }
     }
     const at::Half* s0 = scale + g * kTile;
-    const at::Half* m0 = min + g * kTile;
     const __m512 w_scale0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s0)));
-    const __m512 w_min0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m0)));
     const __m512 w_scale1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s0 + scale_stride)));
-    const __m512 w_min1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m0 + scale_stride)));
     for (int r = 0; r < Rows; ++r) {
-      const int64_t at = r * groups + g;
-      const __m512 a_step = _mm512_set1_ps(act_scale[at]);
-      const __m512 a_sum = _mm512_set1_ps(act_sum[at]);
-      acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0[r]), _mm512_mul_ps(w_scale0, a_step), acc0[r]);
-      acc0[r] = _mm512_fnmadd_ps(w_min0, a_sum, acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1[r]), _mm512_mul_ps(w_scale1, a_step), acc1[r]);
-      acc1[r] = _mm512_fnmadd_ps(w_min1, a_sum, acc1[r]);
+      const __m512 a_step = _mm512_set1_ps(act.step[r * groups + g]);
+      acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0[0][r]), _mm512_mul_ps(w_scale0, a_step), acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1[0][r]), _mm512_mul_ps(w_scale1, a_step), acc1[r]);
+    }
+    if constexpr (!kSymmetric) {
+      const at::Half* m0 = min + g * kTile;
+      const __m512 w_min0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m0)));
+      const __m512 w_min1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m0 + scale_stride)));
+      for (int r = 0; r < Rows; ++r) {
+        const __m512 a_sum = _mm512_set1_ps(act.scaled_sum[r * groups + g]);
+        acc0[r] = _mm512_fnmadd_ps(w_min0, a_sum, acc0[r]);
+        acc1[r] = _mm512_fnmadd_ps(w_min1, a_sum, acc1[r]);
+      }
     }
   }
   for (int r = 0; r < Rows; ++r) {
@@ -137,16 +185,21 @@ void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const at::Half* scal
   }
 }
 
-template <int Chunks, bool FourBit>
+template <int Chunks, int Bits>
 void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const at::Half* scale, const at::Half* min,
-                 int64_t groups, const int8_t* act, const float* act_scale, const float* act_sum, int64_t k,
-                 float* out, int64_t out_stride) {
-#define SPECCHAT_ROWS(R)                                                                                   \
-  case R:                                                                                                  \
-    return tile_pair_kernel<R, Chunks, FourBit>(q, tile_bytes, scale, min, groups, act, act_scale, act_sum, \
-                                                k, out, out_stride);
+                 int64_t groups, const Activations& act, float* out, int64_t out_stride) {
+#define SPECCHAT_ROWS(R) \
+  case R:                \
+    return tile_pair_kernel<R, Chunks, Bits>(q, tile_bytes, scale, min, groups, act, out, out_stride);
   switch (rows) { SPECCHAT_ROWS(1) SPECCHAT_ROWS(2) SPECCHAT_ROWS(3) SPECCHAT_ROWS(4) }
 #undef SPECCHAT_ROWS
+}
+
+template <int Bits>
+void rows_kernel(int64_t group, int rows, const uint8_t* q, int64_t tile_bytes, const at::Half* scale,
+                 const at::Half* min, int64_t groups, const Activations& act, float* out, int64_t out_stride) {
+  if (group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, scale, min, groups, act, out, out_stride);
+  else rows_kernel<4, Bits>(rows, q, tile_bytes, scale, min, groups, act, out, out_stride);
 }
 
 }  // namespace
@@ -156,7 +209,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
                      int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be [M, K] float32");
   TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
-  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
   x = x.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), tiles = scale.size(0), groups = k / group;
   TORCH_CHECK(k % group == 0 && scale.size(1) == groups, "K does not match the packed weight");
@@ -165,10 +218,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
   const int64_t tile_bytes = q.numel() / tiles;
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
   const at::Half* scale_ptr = scale.data_ptr<at::Half>();
-  const at::Half* min_ptr = min.data_ptr<at::Half>();
-  const int8_t* a = act.q.data_ptr<int8_t>();
-  const float* a_scale = act.scale.data_ptr<float>();
-  const float* a_sum = act.scaled_sum.data_ptr<float>();
+  const at::Half* min_ptr = min.numel() ? min.data_ptr<at::Half>() : nullptr;
   float* out_ptr = out.data_ptr<float>();
   const int64_t n = tiles * kTile;
   TORCH_CHECK(tiles % 2 == 0, "the kernel works on pairs of 16-output tiles (N % 32 == 0)");
@@ -179,15 +229,14 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
         const int block = static_cast<int>(std::min<int64_t>(kMaxRows, rows - r0));
         const uint8_t* tq = q_ptr + t * tile_bytes;
         const at::Half* ts = scale_ptr + t * groups * kTile;
-        const at::Half* tm = min_ptr + t * groups * kTile;
-        const int8_t* ta = a + r0 * k;
-        const float* tas = a_scale + r0 * groups;
-        const float* tsum = a_sum + r0 * groups;
+        const at::Half* tm = min_ptr ? min_ptr + t * groups * kTile : nullptr;
+        const Activations block_act{act.q.data_ptr<int8_t>() + r0 * k, act.scale.data_ptr<float>() + r0 * groups,
+                                    act.scaled_sum.data_ptr<float>() + r0 * groups,
+                                    act.sum.data_ptr<int32_t>() + r0 * groups, k};
         float* to = out_ptr + r0 * n + t * kTile;
-        if (bits == 4 && group == 32) rows_kernel<8, true>(block, tq, tile_bytes, ts, tm, groups, ta, tas, tsum, k, to, n);
-        else if (bits == 4) rows_kernel<4, true>(block, tq, tile_bytes, ts, tm, groups, ta, tas, tsum, k, to, n);
-        else if (group == 32) rows_kernel<8, false>(block, tq, tile_bytes, ts, tm, groups, ta, tas, tsum, k, to, n);
-        else rows_kernel<4, false>(block, tq, tile_bytes, ts, tm, groups, ta, tas, tsum, k, to, n);
+        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, ts, tm, groups, block_act, to, n);
+        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, ts, tm, groups, block_act, to, n);
+        else rows_kernel<8>(group, block, tq, tile_bytes, ts, tm, groups, block_act, to, n);
       }
     }
   });
@@ -199,27 +248,34 @@ torch::Tensor rows(torch::Tensor ids, torch::Tensor q, torch::Tensor scale, torc
                    int64_t bits) {
   const int64_t tiles = scale.size(0), groups = scale.size(1), k = groups * group, chunks = group / 4;
   const int64_t tile_bytes = q.numel() / tiles;
+  const int64_t lines = bits == 8 ? chunks : (bits == 4 ? chunks / 2 : chunks / 2 + chunks / 4);  // per group
   ids = ids.contiguous().to(torch::kLong);
   torch::Tensor out = torch::empty({ids.numel(), k}, torch::kFloat);
   const int64_t* id = ids.data_ptr<int64_t>();
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
   const at::Half* scale_ptr = scale.data_ptr<at::Half>();
-  const at::Half* min_ptr = min.data_ptr<at::Half>();
+  const at::Half* min_ptr = min.numel() ? min.data_ptr<at::Half>() : nullptr;
   float* out_ptr = out.data_ptr<float>();
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int64_t tile = id[i] / kTile, lane = id[i] % kTile;
     TORCH_CHECK(id[i] >= 0 && tile < tiles, "token id out of range");
     for (int64_t g = 0; g < groups; ++g) {
       const float s = static_cast<float>(scale_ptr[(tile * groups + g) * kTile + lane]);
-      const float m = static_cast<float>(min_ptr[(tile * groups + g) * kTile + lane]);
+      // 6-bit weights are symmetric: their min is 32 * scale, as packing.group_params has it
+      const float m = min_ptr ? static_cast<float>(min_ptr[(tile * groups + g) * kTile + lane]) : 32.f * s;
+      const uint8_t* group_lines = q_ptr + tile * tile_bytes + g * lines * kTile * 4 + lane * 4;
       for (int64_t c = 0; c < chunks; ++c) {
         for (int64_t b = 0; b < 4; ++b) {
           uint8_t value;
-          if (bits == 4) {
-            const uint8_t byte = q_ptr[tile * tile_bytes + ((g * chunks / 2 + c / 2) * kTile + lane) * 4 + b];
-            value = (c % 2 == 0) ? (byte & 0x0F) : (byte >> 4);
+          if (bits == 8) {
+            value = group_lines[c * kTile * 4 + b];
           } else {
-            value = q_ptr[tile * tile_bytes + ((g * chunks + c) * kTile + lane) * 4 + b];
+            const uint8_t byte = group_lines[(c / 2) * kTile * 4 + b];
+            value = (c % 2 == 0) ? (byte & 0x0F) : (byte >> 4);
+            if (bits == 6) {
+              const uint8_t tops = group_lines[(chunks / 2 + c / 4) * kTile * 4 + b];
+              value |= ((tops >> (2 * (c % 4))) & 0x03) << 4;
+            }
           }
           out_ptr[i * k + g * group + c * 4 + b] = s * static_cast<float>(value) - m;
         }

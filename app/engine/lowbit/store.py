@@ -17,7 +17,7 @@ from .packing import PackedWeight
 
 LAYOUT = "lowbit.json"
 WEIGHTS = "lowbit.safetensors"
-FORMAT = 2  # bump when the packed layout changes, so old caches are rebuilt
+FORMAT = 3  # bump when the packed layout changes, so old caches are rebuilt (3: 6-bit Q6_K)
 
 
 def is_complete(folder: Path) -> bool:
