@@ -24,19 +24,39 @@ def random_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize(("bits", "group"), FORMATS)
 def test_pack_round_trip(bits, group):
     q = torch.randint(0, 1 << bits, (48, 64), dtype=torch.uint8)  # 48 rows: padded to 64
-    scale, min_ = torch.rand(48, 64 // group), torch.rand(48, 64 // group)
+    per_input = lambda t: t.repeat_interleave(64 // t.shape[1], 1)
+    if bits in packing.CODED_BITS:  # int8 codes per group times a float16 step per super-block
+        scale, min_ = torch.randint(0, 128, (48, 64 // group)), torch.randint(-127, 128, (48, 64 // group))
+        steps = torch.rand(48, 1), torch.rand(48, 1)
+        scale_value, min_value = scale * steps[0].half().float(), min_ * steps[1].half().float()
+    else:
+        scale, min_ = torch.rand(48, 64 // group), torch.rand(48, 64 // group)
+        steps, scale_value, min_value = (None, None), scale.half().float(), min_.half().float()
     if bits == 6:  # symmetric: w = scale * (q - 32), no min stored
-        min_ = None
-    packed = packing.pack(q, scale, min_, bits, group)
+        min_, steps, min_value = None, (steps[0], None), 32 * scale_value
+    packed = packing.pack(q, scale, min_, bits, group, *steps)
     assert packed.out_features == 64 and torch.equal(packing.unpack(packed)[:48], q)
-    per_input = lambda t: t.half().float().repeat_interleave(group, 1)
-    offset = per_input(scale) * 32 if min_ is None else per_input(min_)
-    assert torch.equal(packing.dequantize(packed)[:48], per_input(scale) * q.float() - offset)
+    assert torch.equal(packing.dequantize(packed)[:48], per_input(scale_value) * q.float() - per_input(min_value))
+
+
+@pytest.mark.parametrize(("bits", "group"), [f for f in FORMATS if f[0] in packing.CODED_BITS])
+def test_quantized_groups_cover_their_values(bits, group):
+    """Coded scales and mins are rounded outwards: no weight is clipped, every one is within
+    half a step of its float value."""
+    weight = random_weight(64, 768) * torch.logspace(-3, 0, 768)  # groups of very different ranges
+    packed = packing.quantize_float(weight, bits, group)
+    scale, _ = packing.group_params(packed)
+    error = (packing.dequantize(packed) - weight).abs().view(64, -1, group).amax(dim=-1)
+    assert (error <= scale * 0.5 * (1 + 1e-3) + 1e-7).all()
 
 
 def test_pack_refuses_values_that_do_not_fit():
     with pytest.raises(ValueError, match="4 unsigned bits"):
-        packing.pack(torch.full((32, 32), 16), torch.ones(32, 1), torch.zeros(32, 1), 4, 32)
+        packing.pack(torch.full((32, 32), 16), torch.ones(32, 1), torch.zeros(32, 1), 4, 32, torch.ones(32, 1), torch.ones(32, 1))
+    with pytest.raises(ValueError, match="4-bit weights need steps"):
+        packing.pack(torch.zeros(32, 32), torch.ones(32, 1), torch.zeros(32, 1), 4, 32)
+    with pytest.raises(ValueError, match="codes must lie within"):
+        packing.pack(torch.zeros(32, 32), torch.full((32, 1), 128), torch.zeros(32, 1), 4, 32, torch.ones(32, 1), torch.ones(32, 1))
     with pytest.raises(ValueError, match="6-bit weights have no min"):
         packing.pack(torch.zeros(32, 32), torch.ones(32, 1), torch.zeros(32, 1), 6, 32)
 
@@ -98,11 +118,16 @@ def test_gguf_blocks_repack_to_the_same_weights(qtype):
     data = random_blocks(qtype, n * k // block_size, seed=7).reshape(n, -1)
     packed = packed_from_gguf(data, qtype, (n, k))
     expected = torch.from_numpy(dequantize(data, qtype).reshape(n, k).astype(np.float32))
-    # K-quant scales and mins (d * sc, dmin * m) are stored as float16: each rounds by at most
-    # 2^-11 of itself, a small fraction of one quantization step
-    assert (packing.dequantize(packed) - expected).abs().max() <= 2**-10 * expected.abs().max()
-    if qtype in (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0):
-        assert torch.equal(packing.dequantize(packed), expected)  # exact: d is float16 already
+    if qtype == GGMLQuantizationType.Q5_K:
+        # 8-bit groups keep d * sc and dmin * m as float16: each rounds by at most 2^-11 of
+        # itself, a small fraction of one quantization step
+        assert (packing.dequantize(packed) - expected).abs().max() <= 2**-10 * expected.abs().max()
+    else:  # the block's own integers, codes and float16 steps: exact
+        assert torch.equal(packing.dequantize(packed), expected)
+    if qtype in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K):
+        # about the GGUF's size: Q6_K exactly, Q4_K 4.625 bits per weight against 4.5 (the kernel
+        # reads int8 codes where Q4_K packs 6 bits)
+        assert packed.nbytes <= data.nbytes * 1.03
 
 
 def test_gguf_rows_follow_the_architecture_order():

@@ -162,7 +162,7 @@ def native_stack(model: nn.Module):
             if not all(isinstance(m, LowBitLinear) for m in [*parts["qkv"], parts["output"], *parts["gate_up"], parts["down"]]):
                 _STACKS[model] = None
                 return None
-            to_native = lambda m: module.Projection(m.w_q, m.w_scale, m.w_min, m.bias, m.group, m.bits, m.out_features)
+            to_native = lambda m: module.Projection(*m.packed.tensors().values(), m.bias, m.group, m.bits, m.out_features)
             layers.append(module.Layer(
                 layer.input_layernorm.weight.float(), layer.post_attention_layernorm.weight.float(),
                 [to_native(m) for m in parts["qkv"]], to_native(parts["output"]),

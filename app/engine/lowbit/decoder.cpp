@@ -21,7 +21,7 @@ namespace {
 
 // One low-bit projection: its packed weight (see kernel.cpp), its real outputs and its bias.
 struct Projection {
-  torch::Tensor q, scale, min;
+  torch::Tensor q, scale, min, scale_step, min_step;
   std::optional<torch::Tensor> bias;  // float32 [out_features]
   int64_t group, bits, out_features;
 };
@@ -43,7 +43,7 @@ torch::Tensor project(const torch::Tensor& x, const std::vector<Projection>& par
   float* dst = out.data_ptr<float>();
   int64_t column = 0;
   for (const Projection& p : parts) {
-    const torch::Tensor y = linear(x, p.q, p.scale, p.min, p.group, p.bits);
+    const torch::Tensor y = linear(x, p.q, p.scale, p.min, p.scale_step, p.min_step, p.group, p.bits);
     const float* src = y.data_ptr<float>();
     const float* bias = p.bias ? p.bias->data_ptr<float>() : nullptr;
     const int64_t stride = y.size(1);
@@ -258,12 +258,13 @@ class LayerStack {
 void bind_decoder(pybind11::module& m) {
   namespace py = pybind11;
   py::class_<Projection>(m, "Projection")
-      .def(py::init([](torch::Tensor q, torch::Tensor scale, torch::Tensor min, std::optional<torch::Tensor> bias,
-                       int64_t group, int64_t bits, int64_t out_features) {
-             return Projection{q, scale, min, bias, group, bits, out_features};
+      .def(py::init([](torch::Tensor q, torch::Tensor scale, torch::Tensor min, torch::Tensor scale_step,
+                       torch::Tensor min_step, std::optional<torch::Tensor> bias, int64_t group, int64_t bits,
+                       int64_t out_features) {
+             return Projection{q, scale, min, scale_step, min_step, bias, group, bits, out_features};
            }),
-           py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("bias"), py::arg("group"), py::arg("bits"),
-           py::arg("out_features"));
+           py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("scale_step"), py::arg("min_step"),
+           py::arg("bias"), py::arg("group"), py::arg("bits"), py::arg("out_features"));
   py::class_<Layer>(m, "Layer")
       .def(py::init([](torch::Tensor input_norm, torch::Tensor post_norm, std::vector<Projection> qkv,
                        Projection output, std::vector<Projection> gate_up, Projection down) {

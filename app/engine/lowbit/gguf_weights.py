@@ -1,13 +1,14 @@
 """GGUF quantized blocks -> (q, scale, min) groups, without dequantizing.
 
 Every block format the default pair uses is `w = scale * q - min` per group:
-  Q4_K  4-bit q, scale = d*sc, min = dmin*m per 32   -> 4 bits, groups of 32
+  Q4_K  4-bit q, scale = d*sc, min = dmin*m per 32   -> 4 bits, groups of 32, codes sc and m, steps d and dmin
   Q5_K  5-bit q, the same scales                      -> 8 bits, groups of 32
-  Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 6 bits (symmetric, no min), groups of 16
+  Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 6 bits (symmetric, no min), groups of 16, codes sc, step d
   Q5_0  5-bit q, w = d*(q-16) per 32                  -> 8 bits, groups of 32
   Q8_0  int8 q, w = d*q per 32                        -> 8 bits (q+128), groups of 32
 Other types (and float tensors) are dequantized and quantized to 8 bits, groups of 32.
-Scales and mins are stored as float16, which rounds a K-quant's d*sc product (<= 2^-11 relative).
+The 4- and 6-bit layouts keep the K-quants' own integer codes and float16 steps, so their weights
+are exact; 8-bit scales and mins are float16, which rounds Q5_K's d*sc product (<= 2^-11 relative).
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from gguf import dequantize
 
 from .packing import PackedWeight, pack, quantize_float
 
-Groups = tuple[np.ndarray, np.ndarray, np.ndarray | None, int, int]  # q [N, K] uint8, scale, min [N, K/G], bits, G
+# q [N, K] uint8, scale, min [N, K/G] (floats, or codes for 4 and 6 bits), bits, G, then the codes'
+# steps per super-block [N, K/256] for 4 and 6 bits
+Groups = tuple[np.ndarray, np.ndarray, np.ndarray | None, int, int, np.ndarray | None, np.ndarray | None]
 
 
 def _half(raw: np.ndarray) -> np.ndarray:
@@ -37,7 +40,7 @@ def _q4_k(blocks: np.ndarray) -> Groups:
     d, dmin = _half(blocks[:, 0:2]), _half(blocks[:, 2:4])
     sc, mn = _k_scales(blocks[:, 4:16])
     qs = blocks[:, 16:144].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    return (qs & 0x0F).reshape(-1, 256), d * sc, dmin * mn, 4, 32
+    return (qs & 0x0F).reshape(-1, 256), sc, mn, 4, 32, d, dmin
 
 
 def _q5_k(blocks: np.ndarray) -> Groups:
@@ -46,7 +49,7 @@ def _q5_k(blocks: np.ndarray) -> Groups:
     qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
     ql = blocks[:, 48:176].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     q = (ql & 0x0F).reshape(-1, 8, 32) | ((qh & 0x01) << 4)
-    return q.reshape(-1, 256), d * sc, dmin * mn, 8, 32
+    return q.reshape(-1, 256), d * sc, dmin * mn, 8, 32, None, None
 
 
 def _q6_k(blocks: np.ndarray) -> Groups:
@@ -54,9 +57,8 @@ def _q6_k(blocks: np.ndarray) -> Groups:
     ql = (ql & 0x0F).reshape(-1, 8, 32)
     qh = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
     qh = (qh & 0x03).reshape(-1, 8, 32)
-    sc = blocks[:, 192:208].copy().view(np.int8).astype(np.float32)
-    scale = _half(blocks[:, 208:210]) * sc
-    return (ql | (qh << 4)).reshape(-1, 256), scale, None, 6, 16
+    sc = blocks[:, 192:208].copy().view(np.int8)
+    return (ql | (qh << 4)).reshape(-1, 256), sc, None, 6, 16, _half(blocks[:, 208:210]), None
 
 
 def _q5_0(blocks: np.ndarray) -> Groups:
@@ -64,13 +66,13 @@ def _q5_0(blocks: np.ndarray) -> Groups:
     qh = blocks[:, 2:6].copy().view(np.uint32).reshape(-1, 1) >> np.arange(32, dtype=np.uint32).reshape(1, 32)
     ql = blocks[:, 6:22].reshape(-1, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
     q = (ql & 0x0F).reshape(-1, 32) | ((qh & 0x01).astype(np.uint8) << 4)
-    return q, d, 16 * d, 8, 32
+    return q, d, 16 * d, 8, 32, None, None
 
 
 def _q8_0(blocks: np.ndarray) -> Groups:
     d = _half(blocks[:, 0:2])
     q = (blocks[:, 2:34].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-    return q, d, 128 * d, 8, 32
+    return q, d, 128 * d, 8, 32, None, None
 
 
 DECODERS = {T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.Q5_0: _q5_0, T.Q8_0: _q8_0}
@@ -89,10 +91,10 @@ def packed_from_gguf(data: np.ndarray, qtype: T, shape: tuple[int, int], row_ord
             weight = weight[torch.from_numpy(row_order)]
         return quantize_float(weight, requantize_bits or 8, 32)
     blocks = np.ascontiguousarray(data).reshape(n * k // _block_size(qtype), -1)
-    q, scale, min_, bits, group = decoder(blocks)
+    q, scale, min_, bits, group, scale_step, min_step = decoder(blocks)
     order = slice(None) if row_order is None else row_order
-    as_tensor = lambda a, width: None if a is None else torch.from_numpy(np.ascontiguousarray(a.reshape(n, width)[order]))
-    return pack(as_tensor(q, k), as_tensor(scale, k // group), as_tensor(min_, k // group), bits, group)
+    as_tensor = lambda a: None if a is None else torch.from_numpy(np.ascontiguousarray(a.reshape(n, -1)[order]))
+    return pack(*map(as_tensor, (q, scale, min_)), bits, group, *map(as_tensor, (scale_step, min_step)))
 
 
 def _block_size(qtype: T) -> int:

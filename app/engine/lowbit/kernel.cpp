@@ -10,8 +10,10 @@
 //                                         chunk 2p+1 in the high nibble of line p; 6-bit: those C/2
 //                                         lines of low nibbles, then C/4 lines of top bit pairs
 //                                         (chunk 4h+j in bits 2j, 2j+1 of line C/2+h).
-//   scale  fp16   [N/16, K/G, 16]
-//   min    fp16   [N/16, K/G, 16]      (empty for 6 bits: symmetric, min = 32 * scale)
+//   scale       [N/16, K/G, 16]    fp16 (8 bits) or int8 codes (4 and 6 bits)
+//   min         [N/16, K/G, 16]    as scale (empty for 6 bits: symmetric, min = 32 * scale)
+//   scale_step  [N/16, K/G/S, 16]  fp16: what a code of 1 stands for, per super-block of S groups
+//   min_step    [N/16, K/G/S, 16]  (both empty for 8 bits; min_step empty for 6 bits)
 // A 32-bit lane of a 64-byte vector holds 4 consecutive inputs of one output, so one VNNI
 // instruction advances 16 outputs by 4 inputs against 4 broadcast activation bytes.
 #include "kernel.h"
@@ -98,21 +100,46 @@ inline __m512i chunk_weights(const uint8_t* lines, int chunk) {
   return value;
 }
 
+// Where one tile's group scales and mins live.
+struct TileParams {
+  const void* scale;  // [groups, 16]: float16 (8 bits) or int8 codes
+  const void* min;    // as scale; unused when symmetric
+  const at::Half* scale_step;  // [super-blocks, 16] float16 (coded only)
+  const at::Half* min_step;
+};
+
+inline __m512 load_halves(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// The 16 outputs' values of group g: float16 as stored, or code times its super-block's step
+// (one float32 product, as packing.group_params computes it).
+template <int Bits>
+inline __m512 group_values(const void* values, const at::Half* steps, int64_t g, int64_t super_block) {
+  if constexpr (Bits == 8) {
+    return load_halves(static_cast<const at::Half*>(values) + g * kTile);
+  } else {
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(values) + g * kTile));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), load_halves(steps + super_block * kTile));
+  }
+}
+
 // Two 16-output tiles against `Rows` activation rows, over all K: each broadcast activation word
 // feeds both tiles, which halves the broadcasts (the limit of this loop on AVX-512 machines).
 // The arithmetic of each output is the same whatever Rows is: batch invariance.
 template <int Rows, int Chunks, int Bits>
-void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const at::Half* scale, const at::Half* min,
-                      int64_t groups, const Activations& act, float* out, int64_t out_stride) {
+void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
+                      int64_t groups, int64_t per_step, const Activations& act, float* out, int64_t out_stride) {
   constexpr int kLines = Bits == 8 ? Chunks : (Bits == 4 ? Chunks / 2 : Chunks / 2 + Chunks / 4);
   constexpr bool kSymmetric = Bits == 6;  // w = scale * (q - 32): no min is stored
   // With one or two rows, a single accumulator per tile would chain every dot product of the
   // group on the previous one (latency bound); even and odd chunks then go to separate ones.
   constexpr int kChains = Rows <= 2 ? 2 : 1;
+  constexpr int64_t kParamBytes = Bits == 8 ? 2 : 1;  // per output and group
   const uint8_t* q1 = q + tile_bytes;
-  const int64_t scale_stride = groups * kTile;  // between the two tiles' scales
   __m512 acc0[Rows], acc1[Rows];
   for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  int64_t super_block = 0, in_super_block = 0;
   for (int64_t g = 0; g < groups; ++g) {
     // Prefetch a few groups ahead on every stream (two tiles x weights, scales, mins): the
     // hardware prefetcher alone leaves DRAM bandwidth unused at one or two rows. Past the last
@@ -122,13 +149,13 @@ void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const at::Half* scal
         _mm_prefetch(reinterpret_cast<const char*>(q + ((g + kAhead) * kLines + line) * 64), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(q1 + ((g + kAhead) * kLines + line) * 64), _MM_HINT_T0);
       }
-      if ((g & 1) == 0) {
-        const int64_t at = (g + kAhead) * kTile;
-        _mm_prefetch(reinterpret_cast<const char*>(scale + at), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(scale + scale_stride + at), _MM_HINT_T0);
+      if ((g * kTile * kParamBytes) % 64 == 0) {  // a new cache line of scales (and mins)
+        const int64_t at = (g + kAhead) * kTile * kParamBytes;
+        _mm_prefetch(static_cast<const char*>(p0.scale) + at, _MM_HINT_T0);
+        _mm_prefetch(static_cast<const char*>(p1.scale) + at, _MM_HINT_T0);
         if constexpr (!kSymmetric) {
-          _mm_prefetch(reinterpret_cast<const char*>(min + at), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(min + scale_stride + at), _MM_HINT_T0);
+          _mm_prefetch(static_cast<const char*>(p0.min) + at, _MM_HINT_T0);
+          _mm_prefetch(static_cast<const char*>(p1.min) + at, _MM_HINT_T0);
         }
       }
     }
@@ -160,23 +187,25 @@ void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const at::Half* scal
         dot1[0][r] = _mm512_add_epi32(dot1[0][r], dot1[c][r]);
       }
     }
-    const at::Half* s0 = scale + g * kTile;
-    const __m512 w_scale0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s0)));
-    const __m512 w_scale1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s0 + scale_stride)));
+    const __m512 w_scale0 = group_values<Bits>(p0.scale, p0.scale_step, g, super_block);
+    const __m512 w_scale1 = group_values<Bits>(p1.scale, p1.scale_step, g, super_block);
     for (int r = 0; r < Rows; ++r) {
       const __m512 a_step = _mm512_set1_ps(act.step[r * groups + g]);
       acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0[0][r]), _mm512_mul_ps(w_scale0, a_step), acc0[r]);
       acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1[0][r]), _mm512_mul_ps(w_scale1, a_step), acc1[r]);
     }
     if constexpr (!kSymmetric) {
-      const at::Half* m0 = min + g * kTile;
-      const __m512 w_min0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m0)));
-      const __m512 w_min1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m0 + scale_stride)));
+      const __m512 w_min0 = group_values<Bits>(p0.min, p0.min_step, g, super_block);
+      const __m512 w_min1 = group_values<Bits>(p1.min, p1.min_step, g, super_block);
       for (int r = 0; r < Rows; ++r) {
         const __m512 a_sum = _mm512_set1_ps(act.scaled_sum[r * groups + g]);
         acc0[r] = _mm512_fnmadd_ps(w_min0, a_sum, acc0[r]);
         acc1[r] = _mm512_fnmadd_ps(w_min1, a_sum, acc1[r]);
       }
+    }
+    if (++in_super_block == per_step) {
+      in_super_block = 0;
+      ++super_block;
     }
   }
   for (int r = 0; r < Rows; ++r) {
@@ -186,57 +215,98 @@ void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const at::Half* scal
 }
 
 template <int Chunks, int Bits>
-void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const at::Half* scale, const at::Half* min,
-                 int64_t groups, const Activations& act, float* out, int64_t out_stride) {
+void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
+                 int64_t groups, int64_t per_step, const Activations& act, float* out, int64_t out_stride) {
 #define SPECCHAT_ROWS(R) \
   case R:                \
-    return tile_pair_kernel<R, Chunks, Bits>(q, tile_bytes, scale, min, groups, act, out, out_stride);
+    return tile_pair_kernel<R, Chunks, Bits>(q, tile_bytes, p0, p1, groups, per_step, act, out, out_stride);
   switch (rows) { SPECCHAT_ROWS(1) SPECCHAT_ROWS(2) SPECCHAT_ROWS(3) SPECCHAT_ROWS(4) }
 #undef SPECCHAT_ROWS
 }
 
 template <int Bits>
-void rows_kernel(int64_t group, int rows, const uint8_t* q, int64_t tile_bytes, const at::Half* scale,
-                 const at::Half* min, int64_t groups, const Activations& act, float* out, int64_t out_stride) {
-  if (group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, scale, min, groups, act, out, out_stride);
-  else rows_kernel<4, Bits>(rows, q, tile_bytes, scale, min, groups, act, out, out_stride);
+void rows_kernel(int64_t group, int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
+                 const TileParams& p1, int64_t groups, int64_t per_step, const Activations& act, float* out,
+                 int64_t out_stride) {
+  if (group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, act, out, out_stride);
+  else rows_kernel<4, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, act, out, out_stride);
+}
+
+}  // namespace
+
+namespace {
+
+// The parameters of one packed weight as raw pointers, for any of its tiles.
+struct WeightParams {
+  const uint8_t* scale;  // bytes, float16 or int8 elements
+  const uint8_t* min;
+  const at::Half* scale_step;
+  const at::Half* min_step;
+  int64_t param_bytes, groups, steps;  // element size of scale/min; groups and super-blocks per tile row
+
+  WeightParams(const torch::Tensor& scale_t, const torch::Tensor& min_t, const torch::Tensor& scale_step_t,
+               const torch::Tensor& min_step_t)
+      : scale(static_cast<const uint8_t*>(scale_t.data_ptr())),
+        min(min_t.numel() ? static_cast<const uint8_t*>(min_t.data_ptr()) : nullptr),
+        scale_step(scale_step_t.numel() ? scale_step_t.data_ptr<at::Half>() : nullptr),
+        min_step(min_step_t.numel() ? min_step_t.data_ptr<at::Half>() : nullptr),
+        param_bytes(scale_t.element_size()), groups(scale_t.size(1)), steps(scale_step_t.size(1)) {}
+
+  TileParams tile(int64_t t) const {
+    const int64_t at = t * groups * kTile * param_bytes, step_at = t * steps * kTile;
+    return {scale + at, min ? min + at : nullptr, scale_step ? scale_step + step_at : nullptr,
+            min_step ? min_step + step_at : nullptr};
+  }
+};
+
+void check_params(const torch::Tensor& scale, const torch::Tensor& min, const torch::Tensor& scale_step,
+                  const torch::Tensor& min_step, int64_t bits) {
+  const bool coded = bits != 8;
+  TORCH_CHECK(scale.scalar_type() == (coded ? torch::kChar : torch::kHalf) && min.scalar_type() == scale.scalar_type(),
+              "scales and mins must be float16 (8 bits) or int8 codes (4 and 6 bits)");
+  TORCH_CHECK(!coded || (scale_step.scalar_type() == torch::kHalf && scale_step.size(1) > 0 &&
+                         scale.size(1) % scale_step.size(1) == 0),
+              "coded scales need float16 steps per super-block");
+  TORCH_CHECK(bits == 6 || min.size(2) == scale.size(2), "this weight format needs its mins");
+  TORCH_CHECK(bits != 4 || min_step.numel() == scale_step.numel(), "4-bit mins need their steps");
+  for (const torch::Tensor& t : {scale, min, scale_step, min_step}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
 }
 
 }  // namespace
 
 // x [M, K] float32 -> [M, N] float32
-torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torch::Tensor min, int64_t group,
-                     int64_t bits) {
+torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torch::Tensor min, torch::Tensor scale_step,
+                     torch::Tensor min_step, int64_t group, int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be [M, K] float32");
   TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
+  check_params(scale, min, scale_step, min_step, bits);
   x = x.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), tiles = scale.size(0), groups = k / group;
   TORCH_CHECK(k % group == 0 && scale.size(1) == groups, "K does not match the packed weight");
+  TORCH_CHECK(tiles % 2 == 0, "the kernel works on pairs of 16-output tiles (N % 32 == 0)");
   const QuantizedRows act = quantize_rows(x, group);
   torch::Tensor out = torch::empty({rows, tiles * kTile}, torch::kFloat);
   const int64_t tile_bytes = q.numel() / tiles;
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
-  const at::Half* scale_ptr = scale.data_ptr<at::Half>();
-  const at::Half* min_ptr = min.numel() ? min.data_ptr<at::Half>() : nullptr;
+  const WeightParams params(scale, min, scale_step, min_step);
+  const int64_t per_step = bits == 8 ? groups : groups / scale_step.size(1);  // groups per super-block
   float* out_ptr = out.data_ptr<float>();
   const int64_t n = tiles * kTile;
-  TORCH_CHECK(tiles % 2 == 0, "the kernel works on pairs of 16-output tiles (N % 32 == 0)");
   at::parallel_for(0, tiles / 2, 1, [&](int64_t begin, int64_t end) {
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t t = 2 * pair;
+      const TileParams p0 = params.tile(t), p1 = params.tile(t + 1);
       for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
         const int block = static_cast<int>(std::min<int64_t>(kMaxRows, rows - r0));
         const uint8_t* tq = q_ptr + t * tile_bytes;
-        const at::Half* ts = scale_ptr + t * groups * kTile;
-        const at::Half* tm = min_ptr ? min_ptr + t * groups * kTile : nullptr;
         const Activations block_act{act.q.data_ptr<int8_t>() + r0 * k, act.scale.data_ptr<float>() + r0 * groups,
                                     act.scaled_sum.data_ptr<float>() + r0 * groups,
                                     act.sum.data_ptr<int32_t>() + r0 * groups, k};
         float* to = out_ptr + r0 * n + t * kTile;
-        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, ts, tm, groups, block_act, to, n);
-        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, ts, tm, groups, block_act, to, n);
-        else rows_kernel<8>(group, block, tq, tile_bytes, ts, tm, groups, block_act, to, n);
+        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, groups, per_step, block_act, to, n);
+        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, groups, per_step, block_act, to, n);
+        else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, groups, per_step, block_act, to, n);
       }
     }
   });
@@ -244,8 +314,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
 }
 
 // The float rows of the weight for the given output indices (embedding lookup): [len(ids), K].
-torch::Tensor rows(torch::Tensor ids, torch::Tensor q, torch::Tensor scale, torch::Tensor min, int64_t group,
-                   int64_t bits) {
+torch::Tensor rows(torch::Tensor ids, torch::Tensor q, torch::Tensor scale, torch::Tensor min, torch::Tensor scale_step,
+                   torch::Tensor min_step, int64_t group, int64_t bits) {
+  check_params(scale, min, scale_step, min_step, bits);
   const int64_t tiles = scale.size(0), groups = scale.size(1), k = groups * group, chunks = group / 4;
   const int64_t tile_bytes = q.numel() / tiles;
   const int64_t lines = bits == 8 ? chunks : (bits == 4 ? chunks / 2 : chunks / 2 + chunks / 4);  // per group
@@ -253,16 +324,23 @@ torch::Tensor rows(torch::Tensor ids, torch::Tensor q, torch::Tensor scale, torc
   torch::Tensor out = torch::empty({ids.numel(), k}, torch::kFloat);
   const int64_t* id = ids.data_ptr<int64_t>();
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
-  const at::Half* scale_ptr = scale.data_ptr<at::Half>();
-  const at::Half* min_ptr = min.numel() ? min.data_ptr<at::Half>() : nullptr;
+  const WeightParams params(scale, min, scale_step, min_step);
+  const int64_t per_step = bits == 8 ? groups : groups / scale_step.size(1);
+  // One group's value for one output, as group_values computes it
+  const auto value_of = [&](const uint8_t* values, const at::Half* steps, int64_t g, int64_t lane) {
+    if (bits == 8) return static_cast<float>(reinterpret_cast<const at::Half*>(values)[g * kTile + lane]);
+    return static_cast<float>(reinterpret_cast<const int8_t*>(values)[g * kTile + lane]) *
+           static_cast<float>(steps[(g / per_step) * kTile + lane]);
+  };
   float* out_ptr = out.data_ptr<float>();
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int64_t tile = id[i] / kTile, lane = id[i] % kTile;
     TORCH_CHECK(id[i] >= 0 && tile < tiles, "token id out of range");
     for (int64_t g = 0; g < groups; ++g) {
-      const float s = static_cast<float>(scale_ptr[(tile * groups + g) * kTile + lane]);
+      const TileParams p = params.tile(tile);
+      const float s = value_of(static_cast<const uint8_t*>(p.scale), p.scale_step, g, lane);
       // 6-bit weights are symmetric: their min is 32 * scale, as packing.group_params has it
-      const float m = min_ptr ? static_cast<float>(min_ptr[(tile * groups + g) * kTile + lane]) : 32.f * s;
+      const float m = bits == 6 ? 32.f * s : value_of(static_cast<const uint8_t*>(p.min), p.min_step, g, lane);
       const uint8_t* group_lines = q_ptr + tile * tile_bytes + g * lines * kTile * 4 + lane * 4;
       for (int64_t c = 0; c < chunks; ++c) {
         for (int64_t b = 0; b < 4; ++b) {

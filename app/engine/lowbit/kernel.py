@@ -81,7 +81,7 @@ def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     module = native()
     if module is None:
         return reference_linear(x, weight)
-    return module.linear(x, weight.q, weight.scale, weight.min, weight.group, weight.bits)
+    return module.linear(x, *weight.tensors().values(), weight.group, weight.bits)
 
 
 def rows(ids: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
@@ -89,12 +89,12 @@ def rows(ids: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     module = native()
     if module is None:
         return dequantize_rows(ids, weight)
-    return module.rows(ids, weight.q, weight.scale, weight.min, weight.group, weight.bits)
+    return module.rows(ids, *weight.tensors().values(), weight.group, weight.bits)
 
 
 def dequantize_rows(ids: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     tiles = torch.unique(ids // 16)
-    part = PackedWeight(weight.q[tiles], weight.scale[tiles], weight.min[tiles], weight.bits, weight.group)
+    part = weight.tiles(tiles)
     position = {int(t): i for i, t in enumerate(tiles)}
     local = torch.tensor([position[int(i) // 16] * 16 + int(i) % 16 for i in ids.flatten()], dtype=torch.long)
     return dequantize(part)[local]

@@ -17,7 +17,7 @@ class _Packed(nn.Module):
 
     @property
     def packed(self) -> PackedWeight:
-        return PackedWeight(self.w_q, self.w_scale, self.w_min, self.bits, self.group)
+        return PackedWeight(*(getattr(self, f"w_{name}") for name in PackedWeight.TENSORS), bits=self.bits, group=self.group)
 
 
 class LowBitLinear(_Packed):
@@ -78,7 +78,7 @@ def fuse(linears: list[nn.Module]) -> LowBitLinear | None:
     if len({(m.bits, m.group, m.in_features) for m in linears}) != 1 or any(m.packed.out_features != m.out_features for m in linears):
         return None
     packed = [m.packed for m in linears]
-    fused = PackedWeight(*(torch.cat([getattr(p, name) for p in packed]) for name in ("q", "scale", "min")),
+    fused = PackedWeight(*(torch.cat([getattr(p, name) for p in packed]) for name in PackedWeight.TENSORS),
                          bits=packed[0].bits, group=packed[0].group)
     biases = [m.bias for m in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
@@ -86,8 +86,8 @@ def fuse(linears: list[nn.Module]) -> LowBitLinear | None:
     start = 0
     for module, part in zip(linears, packed):
         tiles = part.scale.shape[0]
-        for name in ("q", "scale", "min"):
-            setattr(module, f"w_{name}", getattr(fused, name)[start : start + tiles])
+        for name, tensor in fused.tiles(slice(start, start + tiles)).tensors().items():
+            setattr(module, f"w_{name}", tensor)
         start += tiles
     return LowBitLinear(fused, bias)
 

@@ -2,16 +2,21 @@
 
 A weight [N, K] is stored as unsigned integers q (4, 6 or 8 bits) with a scale and a min per
 group of `group` inputs: w = scale * q - min. 6-bit weights are symmetric (w = scale * (q - 32),
-as GGUF's Q6_K): their min is 32 * scale and is not stored, which keeps them at 7 bits per
-weight in groups of 16. GGUF's Q4_K, Q5_0, Q6_K and Q8_0 blocks are all of these forms, so they
-repack without changing a single weight (see gguf_weights.py); float weights are quantized into
-them.
+as GGUF's Q6_K): their min is 32 * scale and is not stored.
+
+8-bit weights keep each group's scale and min as float16. For 4 and 6 bits, where that would
+cost a whole bit per weight, they are int8 codes times a float16 step per super-block of
+groups (256 inputs where K allows), as GGUF's K-quants store them: 4.625 bits per weight for
+4-bit groups of 32, 6.5625 for 6-bit groups of 16. GGUF's Q4_K, Q5_0, Q6_K and Q8_0 blocks are
+all of these forms, so they repack without changing a single weight (see gguf_weights.py);
+float weights are quantized into them.
 
 Activations are quantized to int8 per row and per group (a step of max|x| / 127), so the
 product of one row never depends on the other rows in the batch.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,15 +24,21 @@ import torch
 TILE = 16  # outputs per tile: one 64-byte vector holds 16 outputs x 4 inputs
 ROWS_MULTIPLE = 2 * TILE  # the kernel works on pairs of tiles; weights are padded with zero rows
 SYMMETRIC_OFFSET = {6: 32}  # bits -> the integer that stands for 0 where the min is not stored
+CODED_BITS = (4, 6)  # scales and mins as int8 codes times a float16 step per super-block
+CODE_MAX = 127
 
 
 @dataclass
 class PackedWeight:
     q: torch.Tensor  # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), chunks/2 (4-bit), 3*chunks/4 (6-bit)
-    scale: torch.Tensor  # float16 [N/16, K/group, 16]
-    min: torch.Tensor  # float16 [N/16, K/group, 16]; [N/16, K/group, 0] when symmetric (6-bit)
+    scale: torch.Tensor  # [N/16, K/group, 16]: float16 (8-bit), int8 codes (4, 6-bit)
+    min: torch.Tensor  # as scale; [N/16, K/group, 0] when symmetric (6-bit)
+    scale_step: torch.Tensor  # float16 [N/16, K/super-block, 16]: what a scale code of 1 stands for ([.., 0, 16] for 8-bit)
+    min_step: torch.Tensor  # float16 as scale_step, for the min codes (empty for 8 and 6 bits)
     bits: int  # 4, 6 or 8
     group: int  # 16 or 32 inputs per scale
+
+    TENSORS = ("q", "scale", "min", "scale_step", "min_step")
 
     @property
     def out_features(self) -> int:
@@ -39,26 +50,40 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.min))
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"q": self.q, "scale": self.scale, "min": self.min}
+        return {name: getattr(self, name) for name in self.TENSORS}
+
+    def tiles(self, index) -> PackedWeight:
+        """The weight of some output tiles (index: a slice or tile indices)."""
+        return PackedWeight(*(t[index] for t in self.tensors().values()), bits=self.bits, group=self.group)
 
 
-def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: int, group: int) -> PackedWeight:
-    """q [N, K] integers in [0, 2**bits); scale, min_ [N, K/group] float (min_ None for the
-    symmetric 6 bits) -> the kernel's layout (N padded with zero rows to a multiple of 32)."""
+def super_block_groups(in_features: int, group: int) -> int:
+    """Groups per super-block: 256 inputs as GGUF's K-quants, or fewer where K is not a multiple."""
+    return math.gcd(in_features, 256) // group if math.gcd(in_features, 256) >= group else 1
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: int, group: int,
+         scale_step: torch.Tensor | None = None, min_step: torch.Tensor | None = None) -> PackedWeight:
+    """q [N, K] integers in [0, 2**bits) -> the kernel's layout (N padded with zero rows to a
+    multiple of 32). 8 bits: scale, min_ [N, K/group] float. 4 and 6 bits: scale, min_ [N, K/group]
+    int8 codes and scale_step, min_step [N, K/(group * super_block_groups)] float. Symmetric
+    6 bits: min_ and min_step None."""
     if (min_ is None) != (bits in SYMMETRIC_OFFSET):
         raise ValueError(f"{bits}-bit weights {'have no' if bits in SYMMETRIC_OFFSET else 'need a'} min")
-    pad = -q.shape[0] % ROWS_MULTIPLE
-    if pad:
-        q, scale = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (q, scale))
-        min_ = None if min_ is None else torch.cat([min_, min_.new_zeros(pad, min_.shape[1])])
+    if (scale_step is None) == (bits in CODED_BITS):
+        raise ValueError(f"{bits}-bit weights {'need' if bits in CODED_BITS else 'have no'} steps per super-block")
     n, k = q.shape
     if k % group or group not in (16, 32) or bits not in (4, 6, 8):
         raise ValueError(f"cannot pack a [{n}, {k}] weight in {bits} bits with groups of {group}")
     if int(q.max()) >= 1 << bits or int(q.min()) < 0:
         raise ValueError(f"values do not fit in {bits} unsigned bits")
+    pad = -n % ROWS_MULTIPLE
+    padded = lambda t: None if t is None else torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
+    q, scale, min_, scale_step, min_step = map(padded, (q, scale, min_, scale_step, min_step))
+    n += pad
     chunks = group // 4
     tiled = q.to(torch.uint8).reshape(n // TILE, TILE, k // group, chunks, 4).permute(0, 2, 3, 1, 4)
     if bits in (4, 6):  # low nibbles: chunk 2p in the low half of line p, chunk 2p+1 in the high half
@@ -68,9 +93,22 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
             tops = (tiled >> 4).reshape(n // TILE, k // group, chunks // 4, 4, TILE, 4)
             lines.append(tops[:, :, :, 0] | (tops[:, :, :, 1] << 2) | (tops[:, :, :, 2] << 4) | (tops[:, :, :, 3] << 6))
         tiled = torch.cat(lines, dim=2)
-    per_group = lambda t: t.reshape(n // TILE, TILE, k // group).transpose(1, 2).to(torch.float16).contiguous()
-    stored_min = per_group(min_) if min_ is not None else torch.empty(n // TILE, k // group, 0, dtype=torch.float16)
-    return PackedWeight(tiled.contiguous(), per_group(scale), stored_min, bits, group)
+    per_tile = lambda t, dtype: (torch.empty(n // TILE, k // group, 0, dtype=dtype) if t is None else
+                                 t.reshape(n // TILE, TILE, -1).transpose(1, 2).to(dtype).contiguous())
+    if bits in CODED_BITS:
+        for codes in (scale, min_):
+            if codes is not None and (codes.abs() > CODE_MAX).any():
+                raise ValueError(f"scale and min codes must lie within +-{CODE_MAX}")
+        steps = k // group // super_block_groups(k, group)
+        if scale_step.shape[1] != steps or (min_step is not None and min_step.shape[1] != steps):
+            raise ValueError(f"a [{n}, {k}] weight in groups of {group} has {steps} super-blocks per row")
+        return PackedWeight(tiled.contiguous(), per_tile(scale, torch.int8), per_tile(min_, torch.int8),
+                            per_tile(scale_step, torch.float16),
+                            per_tile(min_step, torch.float16) if min_step is not None else
+                            torch.empty(n // TILE, steps, 0, dtype=torch.float16), bits, group)
+    no_steps = torch.empty(n // TILE, 0, TILE, dtype=torch.float16)
+    return PackedWeight(tiled.contiguous(), per_tile(scale, torch.float16), per_tile(min_, torch.float16),
+                        no_steps, no_steps, bits, group)
 
 
 def unpack(weight: PackedWeight) -> torch.Tensor:
@@ -90,11 +128,16 @@ def unpack(weight: PackedWeight) -> torch.Tensor:
 
 
 def group_params(weight: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """scale, min as float32 [N, K/group]."""
+    """scale, min as float32 [N, K/group] (code times step, one float32 product, as the kernel)."""
     as_rows = lambda t: t.float().transpose(1, 2).reshape(weight.out_features, -1)
-    scale = as_rows(weight.scale)
+    scale, min_ = as_rows(weight.scale), as_rows(weight.min) if weight.min.shape[2] else None
+    if weight.bits in CODED_BITS:
+        repeat = super_block_groups(weight.in_features, weight.group)
+        scale = scale * as_rows(weight.scale_step).repeat_interleave(repeat, dim=1)
+        if min_ is not None:
+            min_ = min_ * as_rows(weight.min_step).repeat_interleave(repeat, dim=1)
     offset = SYMMETRIC_OFFSET.get(weight.bits)
-    return scale, (offset * scale if offset else as_rows(weight.min))
+    return scale, (offset * scale if offset else min_)
 
 
 def dequantize(weight: PackedWeight) -> torch.Tensor:
@@ -104,24 +147,47 @@ def dequantize(weight: PackedWeight) -> torch.Tensor:
     return (scale[..., None] * q - min_[..., None]).view(weight.out_features, weight.in_features)
 
 
+def _codes(values: torch.Tensor, groups_per_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """values [N, G] -> codes [N, G] int8 and steps [N, G/groups_per_step] float16 with
+    code * step >= value for non-negative values (a scale never shrinks below what its group needs)."""
+    n, g = values.shape
+    per_step = values.reshape(n, g // groups_per_step, groups_per_step)
+    step = (per_step.abs().amax(dim=-1) / CODE_MAX).to(torch.float16).float()
+    safe = torch.where(step > 0, step, torch.ones_like(step))
+    codes = torch.ceil(per_step / safe[..., None]).clamp(-CODE_MAX, CODE_MAX)
+    return codes.reshape(n, g).to(torch.int8), step
+
+
 def quantize_float(weight: torch.Tensor, bits: int, group: int = 32) -> PackedWeight:
     """A float weight [N, K] into `bits`-bit groups (min-max, rounded to nearest; symmetric
-    around the offset for 6 bits)."""
+    around the offset for 6 bits; 4 and 6 bits with coded scales and mins)."""
     n, k = weight.shape
     grouped = weight.detach().float().reshape(n, k // group, group)
     offset = SYMMETRIC_OFFSET.get(bits)
+    levels = (1 << bits) - 1
+    per_step = super_block_groups(k, group)
     if offset:
-        scale = (grouped.abs().amax(dim=-1) / (offset - 1)).to(torch.float16).float()
+        scale_codes, scale_step = _codes(grouped.abs().amax(dim=-1) / (offset - 1), per_step)
+        scale = scale_codes.float() * scale_step.repeat_interleave(per_step, dim=1)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = torch.round(grouped / safe[..., None]).clamp(-offset, offset - 1) + offset
-        return pack(q.reshape(n, k), scale, None, bits, group)
+        return pack(q.reshape(n, k), scale_codes, None, bits, group, scale_step)
     low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
-    levels = (1 << bits) - 1
-    scale = ((high - low) / levels).to(torch.float16).float()
-    min_ = (-low).to(torch.float16).float()
+    if bits in CODED_BITS:
+        # The min first (rounded up: the grid starts at or below the group's lowest value), then
+        # the scale that reaches the group's highest value from there.
+        min_codes, min_step = _codes(-low, per_step)
+        min_ = min_codes.float() * min_step.repeat_interleave(per_step, dim=1)
+        scale_codes, scale_step = _codes((high + min_) / levels, per_step)
+        scale = scale_codes.float() * scale_step.repeat_interleave(per_step, dim=1)
+    else:
+        scale = ((high - low) / levels).to(torch.float16).float()
+        min_ = (-low).to(torch.float16).float()
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.round((grouped + min_[..., None]) / safe[..., None]).clamp(0, levels)
-    return pack(q.reshape(n, k), scale, min_, bits, group)
+    q = torch.round((grouped + min_[..., None]) / safe[..., None]).clamp(0, levels).reshape(n, k)
+    if bits in CODED_BITS:
+        return pack(q, scale_codes, min_codes, bits, group, scale_step, min_step)
+    return pack(q, scale, min_, bits, group)
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ from .packing import PackedWeight
 
 LAYOUT = "lowbit.json"
 WEIGHTS = "lowbit.safetensors"
-FORMAT = 3  # bump when the packed layout changes, so old caches are rebuilt (3: 6-bit Q6_K)
+FORMAT = 4  # bump when the packed layout changes, so old caches are rebuilt (4: coded 4- and 6-bit scales)
 
 
 def is_complete(folder: Path) -> bool:
@@ -58,8 +58,7 @@ def load(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     tensors = load_file(folder / WEIGHTS)
     for name, spec in layout.items():
         source = spec["weights_of"]
-        packed = PackedWeight(tensors[f"{source}.w_q"], tensors[f"{source}.w_scale"], tensors[f"{source}.w_min"],
-                              spec["bits"], spec["group"])
+        packed = PackedWeight(*(tensors[f"{source}.w_{part}"] for part in PackedWeight.TENSORS), spec["bits"], spec["group"])
         bias = tensors.get(f"{name}.bias")
         module = LowBitEmbedding(packed) if spec["kind"] == "LowBitEmbedding" else \
             LowBitLinear(packed, bias, spec["out_features"])
