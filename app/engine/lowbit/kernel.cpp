@@ -141,9 +141,15 @@ inline __m512 group_values(const void* values, __m512 step, int64_t g) {
 // The arithmetic of each output is the same whatever Rows is: batch invariance.
 // Never inlined: each instantiation keeps its own register allocation (inlined into the
 // dispatching loop, the 6-bit ones ran 1.4x slower on 8 rows).
+//
+// next_q, next: the tile pair this thread does next, prefetched into L2 along the way, or null.
+// A batch of more than 4 rows makes several passes over a pair, the later ones from the caches;
+// without this the DRAM reads of the next pair would only start once those passes ended.
 template <int Rows, int Chunks, int Bits>
-__attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
-                      int64_t groups, int64_t per_step, const Activations& act, float* out, int64_t out_stride) {
+__attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
+                                                const TileParams& p1, const uint8_t* next_q, const TileParams* next,
+                                                int64_t groups, int64_t per_step, const Activations& act, float* out,
+                                                int64_t out_stride) {
   constexpr int kLines = Bits == 8 ? Chunks : (Bits == 4 ? Chunks / 2 : Chunks / 2 + Chunks / 4);
   constexpr bool kSymmetric = Bits == 6;  // w = scale * (q - 32): no min is stored
   // With one or two rows, a single accumulator per tile would chain every dot product of the
@@ -182,6 +188,18 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
         if constexpr (!kSymmetric) {
           _mm_prefetch(static_cast<const char*>(tile0.min) + at, _MM_HINT_T0);
           _mm_prefetch(static_cast<const char*>(tile1.min) + at, _MM_HINT_T0);
+        }
+      }
+      if (next_q != nullptr) {
+        for (int line = 0; line < kLines; ++line) {
+          _mm_prefetch(reinterpret_cast<const char*>(next_q + (g * kLines + line) * 64), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(next_q + tile_bytes + (g * kLines + line) * 64), _MM_HINT_T1);
+        }
+        if ((g * kTile * kParamBytes) % 64 == 0) {
+          for (int t = 0; t < 2; ++t) {
+            _mm_prefetch(static_cast<const char*>(next[t].scale) + g * kTile * kParamBytes, _MM_HINT_T1);
+            if constexpr (!kSymmetric) _mm_prefetch(static_cast<const char*>(next[t].min) + g * kTile * kParamBytes, _MM_HINT_T1);
+          }
         }
       }
     }
@@ -242,20 +260,22 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
 
 template <int Chunks, int Bits>
 void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
-                 int64_t groups, int64_t per_step, const Activations& act, float* out, int64_t out_stride) {
-#define SPECCHAT_ROWS(R) \
-  case R:                \
-    return tile_pair_kernel<R, Chunks, Bits>(q, tile_bytes, p0, p1, groups, per_step, act, out, out_stride);
+                 const uint8_t* next_q, const TileParams* next, int64_t groups, int64_t per_step,
+                 const Activations& act, float* out, int64_t out_stride) {
+#define SPECCHAT_ROWS(R)                                                                                   \
+  case R:                                                                                                  \
+    return tile_pair_kernel<R, Chunks, Bits>(q, tile_bytes, p0, p1, next_q, next, groups, per_step, act, out, \
+                                             out_stride);
   switch (rows) { SPECCHAT_ROWS(1) SPECCHAT_ROWS(2) SPECCHAT_ROWS(3) SPECCHAT_ROWS(4) }
 #undef SPECCHAT_ROWS
 }
 
 template <int Bits>
 void rows_kernel(int64_t group, int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
-                 const TileParams& p1, int64_t groups, int64_t per_step, const Activations& act, float* out,
-                 int64_t out_stride) {
-  if (group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, act, out, out_stride);
-  else rows_kernel<4, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, act, out, out_stride);
+                 const TileParams& p1, const uint8_t* next_q, const TileParams* next, int64_t groups,
+                 int64_t per_step, const Activations& act, float* out, int64_t out_stride) {
+  if (group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, p0, p1, next_q, next, groups, per_step, act, out, out_stride);
+  else rows_kernel<4, Bits>(rows, q, tile_bytes, p0, p1, next_q, next, groups, per_step, act, out, out_stride);
 }
 
 }  // namespace
@@ -323,16 +343,20 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t t = 2 * pair;
       const TileParams p0 = params.tile(t), p1 = params.tile(t + 1);
+      const bool has_next = pair + 1 < end;
+      const TileParams next[2] = {params.tile(has_next ? t + 2 : t), params.tile(has_next ? t + 3 : t + 1)};
       for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
         const int block = static_cast<int>(std::min<int64_t>(kMaxRows, rows - r0));
         const uint8_t* tq = q_ptr + t * tile_bytes;
+        // the second pass over this pair prefetches the next one (see tile_pair_kernel)
+        const uint8_t* next_q = has_next && r0 == kMaxRows ? tq + 2 * tile_bytes : nullptr;
         const Activations block_act{act.q.data_ptr<int8_t>() + r0 * k, act.scale.data_ptr<float>() + r0 * groups,
                                     act.scaled_sum.data_ptr<float>() + r0 * groups,
                                     act.sum.data_ptr<int32_t>() + r0 * groups, k};
         float* to = out_ptr + r0 * n + t * kTile;
-        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, groups, per_step, block_act, to, n);
-        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, groups, per_step, block_act, to, n);
-        else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, groups, per_step, block_act, to, n);
+        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, per_step, block_act, to, n);
+        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, per_step, block_act, to, n);
+        else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, per_step, block_act, to, n);
       }
     }
   });
