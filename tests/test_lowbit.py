@@ -39,10 +39,10 @@ def test_pack_round_trip(bits, group):
     assert torch.equal(packing.dequantize(packed)[:48], per_input(scale_value) * q.float() - per_input(min_value))
 
 
-@pytest.mark.parametrize(("bits", "group"), [f for f in FORMATS if f[0] in packing.CODED_BITS])
+@pytest.mark.parametrize(("bits", "group"), FORMATS)
 def test_quantized_groups_cover_their_values(bits, group):
-    """Coded scales and mins are rounded outwards: no weight is clipped, every one is within
-    half a step of its float value."""
+    """Scales and mins (codes or float16) are rounded outwards: no weight is clipped, every one
+    is within half a step of its float value."""
     weight = random_weight(64, 768) * torch.logspace(-3, 0, 768)  # groups of very different ranges
     packed = packing.quantize_float(weight, bits, group)
     scale, _ = packing.group_params(packed)

@@ -62,7 +62,7 @@ class PackedWeight:
 
 def super_block_groups(in_features: int, group: int) -> int:
     """Groups per super-block: 256 inputs as GGUF's K-quants, or fewer where K is not a multiple."""
-    return math.gcd(in_features, 256) // group if math.gcd(in_features, 256) >= group else 1
+    return math.gcd(in_features, 256) // group  # K is a multiple of the group, a power of two
 
 
 def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: int, group: int,
@@ -158,6 +158,13 @@ def _codes(values: torch.Tensor, groups_per_step: int) -> tuple[torch.Tensor, to
     return codes.reshape(n, g).to(torch.int8), step
 
 
+def _half_at_least(values: torch.Tensor) -> torch.Tensor:
+    """The float16 values nearest to `values` that are not below them, as float32."""
+    half = values.to(torch.float16)
+    up = torch.nextafter(half, torch.full_like(half, float("inf")))
+    return torch.where(half.float() < values, up, half).float()
+
+
 def quantize_float(weight: torch.Tensor, bits: int, group: int = 32) -> PackedWeight:
     """A float weight [N, K] into `bits`-bit groups (min-max, rounded to nearest; symmetric
     around the offset for 6 bits; 4 and 6 bits with coded scales and mins)."""
@@ -180,9 +187,9 @@ def quantize_float(weight: torch.Tensor, bits: int, group: int = 32) -> PackedWe
         min_ = min_codes.float() * min_step.repeat_interleave(per_step, dim=1)
         scale_codes, scale_step = _codes((high + min_) / levels, per_step)
         scale = scale_codes.float() * scale_step.repeat_interleave(per_step, dim=1)
-    else:
-        scale = ((high - low) / levels).to(torch.float16).float()
-        min_ = (-low).to(torch.float16).float()
+    else:  # float16 scale and min, both rounded outwards as the codes are
+        min_ = _half_at_least(-low)
+        scale = _half_at_least((high + min_) / levels)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round((grouped + min_[..., None]) / safe[..., None]).clamp(0, levels).reshape(n, k)
     if bits in CODED_BITS:
