@@ -23,6 +23,9 @@ def test_screenshot_command_writes_the_window(tmp_path):
     config = tmp_path / "config"
     settings = QSettings(str(config / "SpecChat" / "SpecChat.conf"), QSettings.IniFormat)
     settings.setValue("max_new_tokens", 24)
+    # a fixed k: on so short an answer the cost-aware policy may rightly decode plainly throughout,
+    # and this test is about colours, not about that choice
+    settings.setValue("adaptive", False)
     settings.sync()
     shot = tmp_path / "shot.png"
     env = {**os.environ, "XDG_CONFIG_HOME": str(config), "QT_QPA_PLATFORM": "offscreen"}
@@ -47,6 +50,7 @@ def real_models():
 def test_real_pair_turn_streams_with_provenance(qtbot, tmp_path, real_models):
     settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
     settings.setValue("max_new_tokens", 32)
+    settings.setValue("adaptive", False)  # as above: the test needs drafted tokens
     window = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), settings,
                         load=lambda source, device, dtype, report, **_: real_models[source])
     qtbot.addWidget(window)

@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import init_empty_weights
-from gguf import GGMLQuantizationType, GGUFReader, dequantize
+from gguf import GGMLQuantizationType, dequantize
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
+from . import gguf_file
 from .gguf_weights import packed_from_gguf
 from .modules import LowBitEmbedding, LowBitLinear
 
@@ -22,12 +23,12 @@ FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizat
 def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
                      progress: Callable[[float], None] | None = None) -> PreTrainedModel:
     """requantize_bits: re-quantize every weight matrix to this many bits (a cheaper draft)."""
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with gguf_file.shared_reader(path) as reader:  # one parse for the config and the tensors
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     processor = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=config.to_dict())
     names = get_gguf_hf_weights_map(model, processor)  # GGUF name -> HF parameter name
-    reader = GGUFReader(path)
     modules = dict(model.named_modules())
     packed_by_name = {}
     for index, tensor in enumerate(reader.tensors):

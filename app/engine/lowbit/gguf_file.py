@@ -1,0 +1,67 @@
+"""A GGUF file's header parsed once, and faster.
+
+gguf's GGUFReader walks the whole header in Python (for a Qwen2 vocabulary, 300k strings)
+through np.memmap, whose per-slice Python hooks cost about 40% of that walk; and transformers
+parses the same file again for the config. `shared_reader(path)` parses it once over a plain
+array view of the file and lends that reader to every `gguf.GGUFReader(path)` made inside the
+block (transformers imports the class from the gguf package when it reads a config).
+Model loading runs one load at a time (model_cache.py), so the swap is never seen by another
+parse.
+"""
+from __future__ import annotations
+
+import mmap
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import gguf
+import gguf.gguf_reader
+import numpy as np
+
+
+class _PlainMapNumpy(types.ModuleType):
+    """numpy as gguf's reader module sees it, with memmap giving a plain read-only array over
+    the mapped file (the same bytes, without np.memmap's Python hooks on every slice)."""
+
+    def __init__(self) -> None:
+        super().__init__("numpy")
+
+    def __getattr__(self, name: str):
+        return getattr(np, name)
+
+    @staticmethod
+    def memmap(path, mode: str = "r") -> np.ndarray:
+        if mode != "r":
+            return np.memmap(path, mode=mode)
+        with open(path, "rb") as file:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def parse(path: Path) -> gguf.GGUFReader:
+    """GGUFReader(path), with the same fields and tensors, in about 60% of the time."""
+    original = gguf.gguf_reader.np
+    gguf.gguf_reader.np = _PlainMapNumpy()
+    try:
+        return gguf.GGUFReader(path)
+    finally:
+        gguf.gguf_reader.np = original
+
+
+@contextmanager
+def shared_reader(path: Path) -> Iterator[gguf.GGUFReader]:
+    """The parsed file; inside the block, GGUFReader(path) returns it instead of parsing again."""
+    reader = parse(path)
+    original = gguf.GGUFReader
+    target = Path(path).resolve()
+
+    def reader_for(other, mode="r"):
+        return reader if mode == "r" and Path(other).resolve() == target else original(other, mode)
+
+    gguf.GGUFReader = reader_for
+    try:
+        yield reader
+    finally:
+        gguf.GGUFReader = original
