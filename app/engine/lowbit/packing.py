@@ -149,7 +149,8 @@ def dequantize(weight: PackedWeight) -> torch.Tensor:
 
 def _codes(values: torch.Tensor, groups_per_step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """values [N, G] -> codes [N, G] int8 and steps [N, G/groups_per_step] float16 with
-    code * step >= value for non-negative values (a scale never shrinks below what its group needs)."""
+    code * step >= value (rounded up: a scale never shrinks below what its group needs), up to
+    the float16 rounding of the step for the largest value of a super-block."""
     n, g = values.shape
     per_step = values.reshape(n, g // groups_per_step, groups_per_step)
     step = (per_step.abs().amax(dim=-1) / CODE_MAX).to(torch.float16).float()
