@@ -32,9 +32,7 @@ class _PlainMapNumpy(types.ModuleType):
         return getattr(np, name)
 
     @staticmethod
-    def memmap(path, mode: str = "r") -> np.ndarray:
-        if mode != "r":
-            return np.memmap(path, mode=mode)
+    def memmap(path, mode: str = "r") -> np.ndarray:  # parse() opens read-only
         with open(path, "rb") as file:
             mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         return np.frombuffer(mapped, dtype=np.uint8)

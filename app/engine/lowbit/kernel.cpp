@@ -286,6 +286,7 @@ struct WeightParams {
   const at::Half* scale_step;
   const at::Half* min_step;
   int64_t param_bytes, groups, steps;  // element size of scale/min; groups and super-blocks per tile row
+  int64_t per_step;  // groups per super-block (all of them when there are no steps: 8 bits)
 
   WeightParams(const torch::Tensor& scale_t, const torch::Tensor& min_t, const torch::Tensor& scale_step_t,
                const torch::Tensor& min_step_t)
@@ -293,7 +294,8 @@ struct WeightParams {
         min(min_t.numel() ? static_cast<const uint8_t*>(min_t.data_ptr()) : nullptr),
         scale_step(scale_step_t.numel() ? scale_step_t.data_ptr<at::Half>() : nullptr),
         min_step(min_step_t.numel() ? min_step_t.data_ptr<at::Half>() : nullptr),
-        param_bytes(scale_t.element_size()), groups(scale_t.size(1)), steps(scale_step_t.size(1)) {}
+        param_bytes(scale_t.element_size()), groups(scale_t.size(1)), steps(scale_step_t.size(1)),
+        per_step(steps ? groups / steps : groups) {}
 
   TileParams tile(int64_t t) const {
     const int64_t at = t * groups * kTile * param_bytes, step_at = t * steps * kTile;
@@ -333,7 +335,6 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
   const int64_t tile_bytes = q.numel() / tiles;
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
   const WeightParams params(scale, min, scale_step, min_step);
-  const int64_t per_step = bits == 8 ? groups : groups / scale_step.size(1);  // groups per super-block
   float* out_ptr = out.data_ptr<float>();
   const int64_t n = tiles * kTile;
   at::parallel_for(0, tiles / 2, 1, [&](int64_t begin, int64_t end) {
@@ -351,9 +352,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
                                     act.scaled_sum.data_ptr<float>() + r0 * groups,
                                     act.sum.data_ptr<int32_t>() + r0 * groups, k};
         float* to = out_ptr + r0 * n + t * kTile;
-        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, per_step, block_act, to, n);
-        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, per_step, block_act, to, n);
-        else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, per_step, block_act, to, n);
+        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, params.per_step, block_act, to, n);
+        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, params.per_step, block_act, to, n);
+        else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, params.per_step, block_act, to, n);
       }
     }
   });
@@ -372,12 +373,11 @@ torch::Tensor rows(torch::Tensor ids, torch::Tensor q, torch::Tensor scale, torc
   const int64_t* id = ids.data_ptr<int64_t>();
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
   const WeightParams params(scale, min, scale_step, min_step);
-  const int64_t per_step = bits == 8 ? groups : groups / scale_step.size(1);
   // One group's value for one output, as group_values computes it
   const auto value_of = [&](const uint8_t* values, const at::Half* steps, int64_t g, int64_t lane) {
     if (bits == 8) return static_cast<float>(reinterpret_cast<const at::Half*>(values)[g * kTile + lane]);
     return static_cast<float>(reinterpret_cast<const int8_t*>(values)[g * kTile + lane]) *
-           static_cast<float>(steps[(g / per_step) * kTile + lane]);
+           static_cast<float>(steps[(g / params.per_step) * kTile + lane]);
   };
   float* out_ptr = out.data_ptr<float>();
   for (int64_t i = 0; i < ids.numel(); ++i) {
