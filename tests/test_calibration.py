@@ -1,9 +1,10 @@
-"""Costs remembered between starts: timed once per models, precision, threads and CPU."""
+"""Costs remembered between starts: timed once per models, precision, kernel build, threads and CPU."""
 import pytest
 
 from app.engine import cached_model
 from app.engine.calibration import calibrate_remembered
 from app.engine.engine import SpeculativeEngine
+from app.engine.lowbit import kernel
 from app.engine.models import LoadedModel
 
 
@@ -28,6 +29,13 @@ def test_other_models_or_a_damaged_file_are_timed_again(tiny_target, tiny_draft,
     engine = SpeculativeEngine(tiny_target, tiny_draft)
     assert calibrate_remembered(engine, path) is False and engine.costs.ready
     assert calibrate_remembered(SpeculativeEngine(tiny_target, tiny_draft), path) is True  # rewritten
+
+
+def test_another_kernel_build_is_timed_again(tiny_target, tiny_draft, tmp_path, monkeypatch):
+    path = tmp_path / "costs.json"
+    calibrate_remembered(SpeculativeEngine(tiny_target, tiny_draft), path)
+    monkeypatch.setattr(kernel, "build_id", lambda: "another build")
+    assert calibrate_remembered(SpeculativeEngine(tiny_target, tiny_draft), path) is False
 
 
 def _no_timing(*args, **kwargs):

@@ -1,9 +1,9 @@
 """Draft and verification costs remembered between starts.
 
 Timing the models (engine.calibrate) takes one to two seconds of every start. The figures
-belong to the models, their precision, the thread count and the CPU, so they are kept per such
-key in the user cache; steps refine them as before. A missing, unreadable or unwritable file
-only means the models are timed again.
+belong to the models, their precision, the kernel build, the thread count and the CPU, so they
+are kept per such key in the user cache; steps refine them as before. A missing, unreadable or
+unwritable file only means the models are timed again.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 
 from .cache import cache_root
 from .engine import SpeculativeEngine
+from .lowbit import kernel
 from .policy import CostModel
 
 
@@ -49,7 +50,7 @@ def calibrate_remembered(engine: SpeculativeEngine, path: Path | None = None) ->
 def _key(engine: SpeculativeEngine) -> str:
     draft = f"{engine.draft.name} ({engine.draft.precision})" if engine.draft else "no draft"
     return (f"{engine.target.name} ({engine.target.precision}) | {draft} | {engine.target.model.device} | "
-            f"{torch.get_num_threads()} threads | {_cpu()}")
+            f"kernel {kernel.build_id()} | {torch.get_num_threads()} threads | {_cpu()}")
 
 
 def _cpu() -> str:

@@ -21,13 +21,14 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 namespace {
 
 constexpr int64_t kTile = 16;
-constexpr int64_t kAhead = 4;  // groups to prefetch ahead
+constexpr int64_t kAheadBytes = 8192;  // how far ahead each weight stream is prefetched
 constexpr int kMaxRows = 4;  // rows per register block (x 2 tiles x 2 accumulators)
 
 struct QuantizedRows {
@@ -142,20 +143,19 @@ inline __m512 group_values(const void* values, __m512 step, int64_t g) {
 // Never inlined: each instantiation keeps its own register allocation (inlined into the
 // dispatching loop, the 6-bit ones ran 1.4x slower on 8 rows).
 //
-// next_q, next: the tile pair this thread does next, prefetched into L2 along the way, or null.
-// A batch of more than 4 rows makes several passes over a pair, the later ones from the caches;
-// without this the DRAM reads of the next pair would only start once those passes ended.
+// pass: which pass over this pair (of 4 rows each) this is; it decides what is prefetched. A
+// thread's pairs lie one after the other in memory, as do their scales and mins.
 template <int Rows, int Chunks, int Bits>
 __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
-                                                const TileParams& p1, const uint8_t* next_q, const TileParams* next,
-                                                int64_t groups, int64_t per_step, const Activations& act, float* out,
-                                                int64_t out_stride) {
+                                                const TileParams& p1, int64_t groups, int64_t per_step, int pass,
+                                                const Activations& act, float* out, int64_t out_stride) {
   constexpr int kLines = Bits == 8 ? Chunks : (Bits == 4 ? Chunks / 2 : Chunks / 2 + Chunks / 4);
   constexpr bool kSymmetric = Bits == 6;  // w = scale * (q - 32): no min is stored
   // With one or two rows, a single accumulator per tile would chain every dot product of the
   // group on the previous one (latency bound); even and odd chunks then go to separate ones.
   constexpr int kChains = Rows <= 2 ? 2 : 1;
   constexpr int64_t kParamBytes = kCoded<Bits> ? 1 : 2;  // per output and group
+  constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytes / (kLines * 64));  // in groups
   const uint8_t* q1 = q + tile_bytes;
   __m512 acc0[Rows], acc1[Rows];
   for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
@@ -173,34 +173,33 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
         }
       }
     }
-    // Prefetch a few groups ahead on every stream (two tiles x weights, scales, mins). An earlier
-    // build measured a gain at one or two rows; on 2026-12-03 distances of 0 to 16 groups made no
-    // difference there (the hardware prefetcher keeps up). Past the last group the addresses run
-    // into the next tile pair, which comes next; prefetches never fault.
-    {
+    // Prefetch into L2. A first pass over the pair fetches about kAheadBytes ahead on each stream
+    // (weights, scales, mins of both tiles): tile 1's streams run on into the next pair's tile 0,
+    // tile 0's jump to the next pair's tile 1 once its own groups run out. Without this the kernel
+    // read DRAM at 17-20 GB/s at one row where a plain read of the same bytes reaches 24-26; with
+    // it at 24-26 (a one-off benchmark of 2026-12-03). More than 4 rows take several passes over
+    // the pair, the later ones from the caches: the second fetches the whole next pair meanwhile,
+    // so that DRAM works while the arithmetic does. Prefetches never fault, so the last pair's
+    // look past its end is harmless.
+    if (pass < 2) {
+      const int64_t tile_params = groups * kTile * kParamBytes;
+      const int64_t g_ahead = pass == 0 ? g + kAhead : g + groups;  // counted from this pair's tile 0
+      const bool own = g_ahead < groups;  // still in this pair (tile 0's stream)
+      const int64_t at = own ? g_ahead : g_ahead - groups;  // group in the tile the streams reach
+      const uint8_t* lines0 = (own ? q : q + 3 * tile_bytes) + at * kLines * 64;
+      const uint8_t* lines1 = q1 + g_ahead * kLines * 64;
       for (int line = 0; line < kLines; ++line) {
-        _mm_prefetch(reinterpret_cast<const char*>(q + ((g + kAhead) * kLines + line) * 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(q1 + ((g + kAhead) * kLines + line) * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(lines0 + line * 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(lines1 + line * 64), _MM_HINT_T1);
       }
-      if ((g * kTile * kParamBytes) % 64 == 0) {  // a new cache line of scales (and mins)
-        const int64_t at = (g + kAhead) * kTile * kParamBytes;
-        _mm_prefetch(static_cast<const char*>(tile0.scale) + at, _MM_HINT_T0);
-        _mm_prefetch(static_cast<const char*>(tile1.scale) + at, _MM_HINT_T0);
+      if ((at * kTile * kParamBytes) % 64 == 0) {  // a new cache line of scales (and mins)
+        const int64_t at0 = (own ? 0 : 3 * tile_params) + at * kTile * kParamBytes;
+        const int64_t at1 = g_ahead * kTile * kParamBytes;
+        _mm_prefetch(static_cast<const char*>(tile0.scale) + at0, _MM_HINT_T1);
+        _mm_prefetch(static_cast<const char*>(tile1.scale) + at1, _MM_HINT_T1);
         if constexpr (!kSymmetric) {
-          _mm_prefetch(static_cast<const char*>(tile0.min) + at, _MM_HINT_T0);
-          _mm_prefetch(static_cast<const char*>(tile1.min) + at, _MM_HINT_T0);
-        }
-      }
-      if (next_q != nullptr) {
-        for (int line = 0; line < kLines; ++line) {
-          _mm_prefetch(reinterpret_cast<const char*>(next_q + (g * kLines + line) * 64), _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(next_q + tile_bytes + (g * kLines + line) * 64), _MM_HINT_T1);
-        }
-        if ((g * kTile * kParamBytes) % 64 == 0) {
-          for (int t = 0; t < 2; ++t) {
-            _mm_prefetch(static_cast<const char*>(next[t].scale) + g * kTile * kParamBytes, _MM_HINT_T1);
-            if constexpr (!kSymmetric) _mm_prefetch(static_cast<const char*>(next[t].min) + g * kTile * kParamBytes, _MM_HINT_T1);
-          }
+          _mm_prefetch(static_cast<const char*>(tile0.min) + at0, _MM_HINT_T1);
+          _mm_prefetch(static_cast<const char*>(tile1.min) + at1, _MM_HINT_T1);
         }
       }
     }
@@ -261,22 +260,20 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
 
 template <int Chunks, int Bits>
 void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
-                 const uint8_t* next_q, const TileParams* next, int64_t groups, int64_t per_step,
-                 const Activations& act, float* out, int64_t out_stride) {
+                 int64_t groups, int64_t per_step, int pass, const Activations& act, float* out, int64_t out_stride) {
 #define SPECCHAT_ROWS(R)                                                                                   \
   case R:                                                                                                  \
-    return tile_pair_kernel<R, Chunks, Bits>(q, tile_bytes, p0, p1, next_q, next, groups, per_step, act, out, \
-                                             out_stride);
+    return tile_pair_kernel<R, Chunks, Bits>(q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
   switch (rows) { SPECCHAT_ROWS(1) SPECCHAT_ROWS(2) SPECCHAT_ROWS(3) SPECCHAT_ROWS(4) }
 #undef SPECCHAT_ROWS
 }
 
 template <int Bits>
 void rows_kernel(int64_t group, int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
-                 const TileParams& p1, const uint8_t* next_q, const TileParams* next, int64_t groups,
-                 int64_t per_step, const Activations& act, float* out, int64_t out_stride) {
-  if (group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, p0, p1, next_q, next, groups, per_step, act, out, out_stride);
-  else rows_kernel<4, Bits>(rows, q, tile_bytes, p0, p1, next_q, next, groups, per_step, act, out, out_stride);
+                 const TileParams& p1, int64_t groups, int64_t per_step, int pass, const Activations& act,
+                 float* out, int64_t out_stride) {
+  if (group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
+  else rows_kernel<4, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
 }
 
 // The parameters of one packed weight as raw pointers, for any of its tiles.
@@ -341,20 +338,17 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t t = 2 * pair;
       const TileParams p0 = params.tile(t), p1 = params.tile(t + 1);
-      const bool has_next = pair + 1 < end;
-      const TileParams next[2] = {params.tile(has_next ? t + 2 : t), params.tile(has_next ? t + 3 : t + 1)};
       for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
         const int block = static_cast<int>(std::min<int64_t>(kMaxRows, rows - r0));
+        const int pass = static_cast<int>(r0 / kMaxRows);
         const uint8_t* tq = q_ptr + t * tile_bytes;
-        // the second pass over this pair prefetches the next one (see tile_pair_kernel)
-        const uint8_t* next_q = has_next && r0 == kMaxRows ? tq + 2 * tile_bytes : nullptr;
         const Activations block_act{act.q.data_ptr<int8_t>() + r0 * k, act.scale.data_ptr<float>() + r0 * groups,
                                     act.scaled_sum.data_ptr<float>() + r0 * groups,
                                     act.sum.data_ptr<int32_t>() + r0 * groups, k};
         float* to = out_ptr + r0 * n + t * kTile;
-        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, params.per_step, block_act, to, n);
-        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, params.per_step, block_act, to, n);
-        else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, next_q, next, groups, params.per_step, block_act, to, n);
+        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
+        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
+        else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
       }
     }
   });

@@ -3,6 +3,7 @@ cannot be built (no compiler, no AVX-512 VNNI), the pure-torch reference runs in
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import threading
 import warnings
@@ -40,6 +41,18 @@ def native():
 
 def why_not_native() -> str | None:
     return _build()[1]
+
+
+@functools.cache
+def build_id() -> str:
+    """Which arithmetic runs: a digest of the kernel's sources and flags, or "reference" when the
+    pure-torch path does. Figures measured with one build do not hold for another."""
+    if native() is None:
+        return "reference"
+    digest = hashlib.sha256(" ".join(FLAGS).encode())
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def build_in_background() -> None:
