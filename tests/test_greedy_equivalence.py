@@ -174,6 +174,29 @@ def test_the_drafts_catch_up_on_the_prompt_is_not_a_cost_per_drafted_token(tiny_
     assert proposer.propose(3).catch_up_seconds == 0.0  # only the target's token was new
 
 
+def test_after_a_fully_accepted_draft_the_draft_model_makes_one_pass_per_drafted_token(tiny_target):
+    """The last draft token and the target's bonus token go into the draft model in one pass with
+    the next draft step (a pass of its own for the last draft token cost as much as a drafted
+    token); the drafts are the same as from a model fed everything afresh."""
+    from app.engine.cached_model import cached
+    from app.engine.proposers import DraftModelProposer
+    from app.engine.sampling import SamplingParams
+
+    proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None)
+    proposer.begin(list(range(1, 30)))
+    drafted = proposer.propose(3).tokens.tolist()
+    proposer.commit(3, 7)  # all three accepted, then the bonus token
+    assert proposer.behind() == 0
+    passes = []
+    forward = proposer.model.forward
+    proposer.model.forward = lambda ids, keep: passes.append(ids.numel()) or forward(ids, keep)
+    second = proposer.propose(3).tokens.tolist()
+    assert passes == [2, 1, 1]  # the last draft token with the bonus token, then one per token
+    fresh = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None)
+    fresh.begin(list(range(1, 30)) + drafted + [7])
+    assert fresh.propose(3).tokens.tolist() == second
+
+
 def with_catch_up(catch_up_ms: float) -> CostModel:
     model = costs(CHEAP_VERIFY, draft_ms=5)
     model.catch_up_token = catch_up_ms / 1000

@@ -206,6 +206,20 @@ def test_lean_decoder_matches_transformers_forward(hidden):
             model.rollback(model.length - 1)  # drop the last token, as a rejected draft
 
 
+@pytest.mark.parametrize("inner", [1, 17, 8960])
+def test_native_swiglu_matches_torch(inner):
+    """silu(gate) * up, 16 values at a time with a masked tail, over ordinary and extreme gates."""
+    module = kernel.native()
+    if module is None:
+        pytest.skip(kernel.why_not_native())
+    torch.manual_seed(inner)
+    gate = torch.randn(3, inner) * 4
+    gate[0, :4] = torch.tensor([0.0, -100.0, 100.0, -1e4])[: min(4, inner)]
+    up = torch.randn(3, inner)
+    expected = F.silu(gate) * up
+    assert torch.allclose(module.swiglu(torch.cat([gate, up], dim=1)), expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("head_dim", [16, 80, 128])
 def test_native_attention_matches_scaled_dot_product_attention(head_dim):
     """The layer stack's attention (keys stored transposed, 64 keys and 64 components at a time,

@@ -45,6 +45,9 @@ class _Committed:
         return 0
 
 
+SHORT_CATCH_UP = 8  # committed tokens the draft model takes in with its first draft step
+
+
 class DraftModelProposer(_Committed):
     """A small model drafts autoregressively with its own KV cache."""
 
@@ -58,16 +61,20 @@ class DraftModelProposer(_Committed):
         self.model.reset()
 
     def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
-        # Feed what was committed since the cache last grew: usually the target's last token; the
-        # prompt on the first draft, and the tokens of plain steps after them.
+        # Feed what was committed since the cache last grew: usually the target's last token, after
+        # a fully accepted draft also the last draft token; the prompt on the first draft, and the
+        # tokens of plain steps after them. A few go with the first draft step (one pass over a
+        # few tokens costs about what a pass over one does); a long catch-up is timed apart.
+        pending = self.ids[self.model.length :]
         catch_up_seconds, catch_up_tokens = 0.0, self.behind()
         if catch_up_tokens:
             start = time.perf_counter()
-            self.model.forward(torch.tensor(self.ids[self.model.length : -1], dtype=torch.long), keep=1)
+            self.model.forward(torch.tensor(pending[:-1], dtype=torch.long), keep=1)
             if self.model.device.type == "cuda":
                 torch.cuda.synchronize()
             catch_up_seconds = time.perf_counter() - start
-        logits = self.model.forward(torch.tensor(self.ids[-1:], dtype=torch.long), keep=1)[0]
+            pending = pending[-1:]
+        logits = self.model.forward(torch.tensor(pending, dtype=torch.long), keep=1)[0]
         tokens, probs = [], []
         for i in range(k):
             step_probs = logits_to_probs(logits, self.params)
@@ -83,8 +90,9 @@ class DraftModelProposer(_Committed):
         return draft
 
     def behind(self) -> int:
-        # The last committed token is fed with the first draft step, not caught up on.
-        return len(self.ids) - 1 - self.model.length
+        # Up to SHORT_CATCH_UP tokens are fed with the first draft step, not caught up on.
+        pending = len(self.ids) - self.model.length
+        return 0 if pending <= SHORT_CATCH_UP else pending - 1
 
     def commit(self, n_accepted: int, next_token: int) -> None:
         # The cache holds the old ids plus all drafts but the last; keep the accepted part.

@@ -183,7 +183,34 @@ torch::Tensor attention(torch::Tensor queries, torch::Tensor keys_t, torch::Tens
   return out;
 }
 
-inline float silu(float x) { return x / (1.f + std::exp(-x)); }
+// SwiGLU's product silu(gate) * up for one row of `inner` values, 16 at a time: done one
+// std::exp at a time it cost about 1 ms per verified row on the default target (8 rows: a tenth
+// of the pass). silu(x) = x * sigmoid(x), and sigmoid is 1 / (1 + e) for x >= 0 and e / (1 + e)
+// below, with e = exp(-|x|) <= 1, so the exponential never overflows.
+void swiglu(const float* gate, const float* up, int64_t inner, float* out) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < inner; i += 16) {
+    const __mmask16 m = lanes(inner - i);
+    const __m512 x = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+    const __m512 inverse = _mm512_div_ps(one, _mm512_add_ps(one, e));
+    const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 sigmoid = _mm512_mask_mul_ps(inverse, negative, e, inverse);
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sigmoid), _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+// The same product on tensors, for tests: gate_up [n, 2 * inner] (gate, then up) -> [n, inner].
+torch::Tensor swiglu_rows(torch::Tensor gate_up) {
+  gate_up = gate_up.contiguous();
+  const int64_t n = gate_up.size(0), inner = gate_up.size(1) / 2;
+  torch::Tensor out = torch::empty({n, inner}, torch::kFloat);
+  for (int64_t r = 0; r < n; ++r) {
+    swiglu(gate_up.data_ptr<float>() + r * 2 * inner, gate_up.data_ptr<float>() + r * 2 * inner + inner, inner,
+           out.data_ptr<float>() + r * inner);
+  }
+  return out;
+}
 
 class LayerStack {
  public:
@@ -233,9 +260,9 @@ class LayerStack {
       torch::Tensor product = torch::empty({n, inner}, torch::kFloat);
       const float* gu = gate_up.data_ptr<float>();
       float* prod = product.data_ptr<float>();
-      for (int64_t r = 0; r < n; ++r) {
-        for (int64_t i = 0; i < inner; ++i) prod[r * inner + i] = silu(gu[r * 2 * inner + i]) * gu[r * 2 * inner + inner + i];
-      }
+      at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) swiglu(gu + r * 2 * inner, gu + r * 2 * inner + inner, inner, prod + r * inner);
+      });
       add_into(h, project(product, {layer.down}));
     }
     return hidden;
@@ -274,6 +301,7 @@ void bind_decoder(pybind11::module& m) {
            py::arg("down"));
   m.def("attention", &attention, py::call_guard<py::gil_scoped_release>(),
         "causal attention of n new rows over a transposed-key cache, as the layer stack computes it");
+  m.def("swiglu", &swiglu_rows, "silu(gate) * up of [n, 2 * inner] rows, as the layer stack computes it");
   py::class_<LayerStack>(m, "LayerStack")
       .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double>(), py::arg("layers"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scaling"), py::arg("eps"))
