@@ -11,6 +11,7 @@
 #include "kernel.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -19,31 +20,16 @@
 
 namespace {
 
-// One low-bit projection: its packed weight (see kernel.cpp), its real outputs and its bias.
-struct Projection {
-  torch::Tensor q, scale, min, scale_step, min_step;
-  std::optional<torch::Tensor> bias;  // float32 [out_features]
-  int64_t group, bits, out_features;
-};
-
-struct Layer {
-  torch::Tensor input_norm, post_norm;  // float32 [D]
-  std::vector<Projection> qkv;          // one fused projection, or q, k and v
-  Projection output;
-  std::vector<Projection> gate_up;  // one fused projection, or gate and up
-  Projection down;
-};
-
 // x [n, K] -> the concatenated outputs of `parts` [n, sum of out_features], biases added.
-torch::Tensor project(const torch::Tensor& x, const std::vector<Projection>& parts) {
+at::Tensor project(const at::Tensor& x, const std::vector<Projection>& parts) {
   int64_t width = 0;
   for (const Projection& p : parts) width += p.out_features;
   const int64_t n = x.size(0);
-  torch::Tensor out = torch::empty({n, width}, torch::kFloat);
+  at::Tensor out = at::empty({n, width}, at::kFloat);
   float* dst = out.data_ptr<float>();
   int64_t column = 0;
   for (const Projection& p : parts) {
-    const torch::Tensor y = linear(x, p.q, p.scale, p.min, p.scale_step, p.min_step, p.group, p.bits);
+    const at::Tensor y = linear(x, p.q, p.scale, p.min, p.scale_step, p.min_step, p.group, p.bits);
     const float* src = y.data_ptr<float>();
     const float* bias = p.bias ? p.bias->data_ptr<float>() : nullptr;
     const int64_t stride = y.size(1);
@@ -166,23 +152,6 @@ void causal_attention(const float* queries, int64_t q_stride, int64_t n, int64_t
   });
 }
 
-// The same attention on tensors, for tests: queries [n, heads, head_dim], keys_t [kv_heads,
-// head_dim, capacity], values [kv_heads, capacity, head_dim] holding start + n positions.
-torch::Tensor attention(torch::Tensor queries, torch::Tensor keys_t, torch::Tensor values, int64_t start,
-                        double scaling) {
-  queries = queries.contiguous();
-  keys_t = keys_t.contiguous();
-  values = values.contiguous();
-  const int64_t n = queries.size(0), heads = queries.size(1), head_dim = queries.size(2);
-  TORCH_CHECK(keys_t.size(1) == head_dim && start + n <= keys_t.size(2) && values.size(1) == keys_t.size(2),
-              "cache shapes do not match");
-  torch::Tensor out = torch::empty({n, heads, head_dim}, torch::kFloat);
-  causal_attention(queries.data_ptr<float>(), heads * head_dim, n, heads, keys_t.size(0), head_dim,
-                   keys_t.data_ptr<float>(), values.data_ptr<float>(), keys_t.size(2), start,
-                   static_cast<float>(scaling), out.data_ptr<float>());
-  return out;
-}
-
 // SwiGLU's product silu(gate) * up for one row of `inner` values, 16 at a time: done one
 // std::exp at a time it cost about 1 ms per verified row on the default target (8 rows: a tenth
 // of the pass). silu(x) = x * sigmoid(x), and sigmoid is 1 / (1 + e) for x >= 0 and e / (1 + e)
@@ -200,11 +169,35 @@ void swiglu(const float* gate, const float* up, int64_t inner, float* out) {
   }
 }
 
+void add_into(float* dst, const at::Tensor& y) {
+  const float* src = y.data_ptr<float>();
+  for (int64_t i = 0; i < y.numel(); ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+// The same attention on tensors, for tests: queries [n, heads, head_dim], keys_t [kv_heads,
+// head_dim, capacity], values [kv_heads, capacity, head_dim] holding start + n positions.
+at::Tensor attention(at::Tensor queries, at::Tensor keys_t, at::Tensor values, int64_t start,
+                        double scaling) {
+  queries = queries.contiguous();
+  keys_t = keys_t.contiguous();
+  values = values.contiguous();
+  const int64_t n = queries.size(0), heads = queries.size(1), head_dim = queries.size(2);
+  TORCH_CHECK(keys_t.size(1) == head_dim && start + n <= keys_t.size(2) && values.size(1) == keys_t.size(2),
+              "cache shapes do not match");
+  at::Tensor out = at::empty({n, heads, head_dim}, at::kFloat);
+  causal_attention(queries.data_ptr<float>(), heads * head_dim, n, heads, keys_t.size(0), head_dim,
+                   keys_t.data_ptr<float>(), values.data_ptr<float>(), keys_t.size(2), start,
+                   static_cast<float>(scaling), out.data_ptr<float>());
+  return out;
+}
+
 // The same product on tensors, for tests: gate_up [n, 2 * inner] (gate, then up) -> [n, inner].
-torch::Tensor swiglu_rows(torch::Tensor gate_up) {
+at::Tensor swiglu_rows(at::Tensor gate_up) {
   gate_up = gate_up.contiguous();
   const int64_t n = gate_up.size(0), inner = gate_up.size(1) / 2;
-  torch::Tensor out = torch::empty({n, inner}, torch::kFloat);
+  at::Tensor out = at::empty({n, inner}, at::kFloat);
   for (int64_t r = 0; r < n; ++r) {
     swiglu(gate_up.data_ptr<float>() + r * 2 * inner, gate_up.data_ptr<float>() + r * 2 * inner + inner, inner,
            out.data_ptr<float>() + r * inner);
@@ -212,99 +205,46 @@ torch::Tensor swiglu_rows(torch::Tensor gate_up) {
   return out;
 }
 
-class LayerStack {
- public:
-  LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling,
-             double eps)
-      : layers_(std::move(layers)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
-        scaling_(static_cast<float>(scaling)), eps_(eps) {}
-
-  // hidden [n, D] float32 -> [n, D] after every layer. Per layer float32 caches holding `start`
-  // tokens: keys transposed [kv_heads, head_dim, capacity], values [kv_heads, capacity, head_dim];
-  // this call writes positions start..start+n-1. cos/sin [n, head_dim]: the rotary embedding of
-  // those positions.
-  torch::Tensor forward(torch::Tensor hidden, const std::vector<torch::Tensor>& keys,
-                        const std::vector<torch::Tensor>& values, torch::Tensor cos, torch::Tensor sin,
-                        int64_t start) {
-    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one cache per layer");
-    hidden = hidden.contiguous().clone();
-    cos = cos.contiguous();
-    sin = sin.contiguous();
-    const int64_t n = hidden.size(0), hd = head_dim_;
-    const int64_t q_width = heads_ * hd, kv_width = kv_heads_ * hd;
-    TORCH_CHECK(start + n <= keys[0].size(2) && keys[0].size(2) == values[0].size(1), "the KV cache is too small");
-    float* h = hidden.data_ptr<float>();
-    for (size_t index = 0; index < layers_.size(); ++index) {
-      const Layer& layer = layers_[index];
-      torch::Tensor qkv = project(rms_norm(hidden, layer.input_norm, eps_), layer.qkv);  // [n, q+k+v]
-      float* qkv_ptr = qkv.data_ptr<float>();
-      const int64_t capacity = keys[index].size(2), qkv_width = qkv.size(1);
-      float* key_cache = keys[index].data_ptr<float>();
-      float* value_cache = values[index].data_ptr<float>();
-      for (int64_t r = 0; r < n; ++r) {
-        float* row = qkv_ptr + r * qkv_width;
-        rotate(row, heads_, hd, cos.data_ptr<float>() + r * hd, sin.data_ptr<float>() + r * hd);
-        rotate(row + q_width, kv_heads_, hd, cos.data_ptr<float>() + r * hd, sin.data_ptr<float>() + r * hd);
-        for (int64_t g = 0; g < kv_heads_; ++g) {
-          const float* key = row + q_width + g * hd;
-          for (int64_t d = 0; d < hd; ++d) key_cache[(g * hd + d) * capacity + start + r] = key[d];
-          std::copy_n(row + q_width + kv_width + g * hd, hd, value_cache + (g * capacity + start + r) * hd);
-        }
+at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>& keys,
+                               const std::vector<at::Tensor>& values, at::Tensor cos, at::Tensor sin, int64_t start) {
+  TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one cache per layer");
+  hidden = hidden.contiguous().clone();
+  cos = cos.contiguous();
+  sin = sin.contiguous();
+  const int64_t n = hidden.size(0), hd = head_dim_;
+  const int64_t q_width = heads_ * hd, kv_width = kv_heads_ * hd;
+  TORCH_CHECK(start + n <= keys[0].size(2) && keys[0].size(2) == values[0].size(1), "the KV cache is too small");
+  float* h = hidden.data_ptr<float>();
+  for (size_t index = 0; index < layers_.size(); ++index) {
+    const Layer& layer = layers_[index];
+    at::Tensor qkv = project(rms_norm(hidden, layer.input_norm, eps_), layer.qkv);  // [n, q+k+v]
+    float* qkv_ptr = qkv.data_ptr<float>();
+    const int64_t capacity = keys[index].size(2), qkv_width = qkv.size(1);
+    float* key_cache = keys[index].data_ptr<float>();
+    float* value_cache = values[index].data_ptr<float>();
+    for (int64_t r = 0; r < n; ++r) {
+      float* row = qkv_ptr + r * qkv_width;
+      rotate(row, heads_, hd, cos.data_ptr<float>() + r * hd, sin.data_ptr<float>() + r * hd);
+      rotate(row + q_width, kv_heads_, hd, cos.data_ptr<float>() + r * hd, sin.data_ptr<float>() + r * hd);
+      for (int64_t g = 0; g < kv_heads_; ++g) {
+        const float* key = row + q_width + g * hd;
+        for (int64_t d = 0; d < hd; ++d) key_cache[(g * hd + d) * capacity + start + r] = key[d];
+        std::copy_n(row + q_width + kv_width + g * hd, hd, value_cache + (g * capacity + start + r) * hd);
       }
-      torch::Tensor attended = torch::empty({n, q_width}, torch::kFloat);
-      causal_attention(qkv_ptr, qkv_width, n, heads_, kv_heads_, hd, key_cache, value_cache, capacity, start,
-                       scaling_, attended.data_ptr<float>());
-      add_into(h, project(attended, {layer.output}));
-      torch::Tensor gate_up = project(rms_norm(hidden, layer.post_norm, eps_), layer.gate_up);  // [n, 2I]
-      const int64_t inner = gate_up.size(1) / 2;
-      torch::Tensor product = torch::empty({n, inner}, torch::kFloat);
-      const float* gu = gate_up.data_ptr<float>();
-      float* prod = product.data_ptr<float>();
-      at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) swiglu(gu + r * 2 * inner, gu + r * 2 * inner + inner, inner, prod + r * inner);
-      });
-      add_into(h, project(product, {layer.down}));
     }
-    return hidden;
+    at::Tensor attended = at::empty({n, q_width}, at::kFloat);
+    causal_attention(qkv_ptr, qkv_width, n, heads_, kv_heads_, hd, key_cache, value_cache, capacity, start,
+                     scaling_, attended.data_ptr<float>());
+    add_into(h, project(attended, {layer.output}));
+    at::Tensor gate_up = project(rms_norm(hidden, layer.post_norm, eps_), layer.gate_up);  // [n, 2I]
+    const int64_t inner = gate_up.size(1) / 2;
+    at::Tensor product = at::empty({n, inner}, at::kFloat);
+    const float* gu = gate_up.data_ptr<float>();
+    float* prod = product.data_ptr<float>();
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) swiglu(gu + r * 2 * inner, gu + r * 2 * inner + inner, inner, prod + r * inner);
+    });
+    add_into(h, project(product, {layer.down}));
   }
-
- private:
-  static void add_into(float* dst, const torch::Tensor& y) {
-    const float* src = y.data_ptr<float>();
-    for (int64_t i = 0; i < y.numel(); ++i) dst[i] += src[i];
-  }
-
-  std::vector<Layer> layers_;
-  int64_t heads_, kv_heads_, head_dim_;
-  float scaling_;
-  double eps_;
-};
-
-}  // namespace
-
-void bind_decoder(pybind11::module& m) {
-  namespace py = pybind11;
-  py::class_<Projection>(m, "Projection")
-      .def(py::init([](torch::Tensor q, torch::Tensor scale, torch::Tensor min, torch::Tensor scale_step,
-                       torch::Tensor min_step, std::optional<torch::Tensor> bias, int64_t group, int64_t bits,
-                       int64_t out_features) {
-             return Projection{q, scale, min, scale_step, min_step, bias, group, bits, out_features};
-           }),
-           py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("scale_step"), py::arg("min_step"),
-           py::arg("bias"), py::arg("group"), py::arg("bits"), py::arg("out_features"));
-  py::class_<Layer>(m, "Layer")
-      .def(py::init([](torch::Tensor input_norm, torch::Tensor post_norm, std::vector<Projection> qkv,
-                       Projection output, std::vector<Projection> gate_up, Projection down) {
-             return Layer{input_norm, post_norm, std::move(qkv), output, std::move(gate_up), down};
-           }),
-           py::arg("input_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("output"), py::arg("gate_up"),
-           py::arg("down"));
-  m.def("attention", &attention, py::call_guard<py::gil_scoped_release>(),
-        "causal attention of n new rows over a transposed-key cache, as the layer stack computes it");
-  m.def("swiglu", &swiglu_rows, "silu(gate) * up of [n, 2 * inner] rows, as the layer stack computes it");
-  py::class_<LayerStack>(m, "LayerStack")
-      .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double>(), py::arg("layers"),
-           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scaling"), py::arg("eps"))
-      .def("forward", &LayerStack::forward, py::call_guard<py::gil_scoped_release>(),
-           "hidden [n, D] through every layer, writing the n new keys and values into the caches");
+  return hidden;
 }

@@ -19,6 +19,8 @@
 #include "kernel.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -32,20 +34,20 @@ constexpr int64_t kAheadBytes = 8192;  // how far ahead each weight stream is pr
 constexpr int kMaxRows = 4;  // rows per register block (x 2 tiles x 2 accumulators)
 
 struct QuantizedRows {
-  torch::Tensor q;           // int8 [M, K]
-  torch::Tensor scale;       // float [M, K/G]: int8 step of each group
-  torch::Tensor scaled_sum;  // float [M, K/G]: scale * (sum of the group's int8 values)
-  torch::Tensor sum;         // int32 [M, K/G]: sum of the group's int8 values
+  at::Tensor q;           // int8 [M, K]
+  at::Tensor scale;       // float [M, K/G]: int8 step of each group
+  at::Tensor scaled_sum;  // float [M, K/G]: scale * (sum of the group's int8 values)
+  at::Tensor sum;         // int32 [M, K/G]: sum of the group's int8 values
 };
 
 // Symmetric int8 per row and group; the same arithmetic as packing.quantize_activations
 // (max |x|, one division each for the step and its inverse, round half to even), 16 values per
 // instruction and groups shared between threads: done one value at a time it had cost as much
 // as the products themselves on a few rows.
-QuantizedRows quantize_rows(const torch::Tensor& x, int64_t group) {
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
   const int64_t rows = x.size(0), k = x.size(1), groups = k / group;
-  QuantizedRows out{torch::empty({rows, k}, torch::kInt8), torch::empty({rows, groups}, torch::kFloat),
-                    torch::empty({rows, groups}, torch::kFloat), torch::empty({rows, groups}, torch::kInt)};
+  QuantizedRows out{at::empty({rows, k}, at::kChar), at::empty({rows, groups}, at::kFloat),
+                    at::empty({rows, groups}, at::kFloat), at::empty({rows, groups}, at::kInt)};
   const float* src = x.data_ptr<float>();
   int8_t* q = out.q.data_ptr<int8_t>();
   float* scale = out.scale.data_ptr<float>();
@@ -285,8 +287,8 @@ struct WeightParams {
   int64_t param_bytes, groups, steps;  // element size of scale/min; groups and super-blocks per tile row
   int64_t per_step;  // groups per super-block (all of them when there are no steps: 8 bits)
 
-  WeightParams(const torch::Tensor& scale_t, const torch::Tensor& min_t, const torch::Tensor& scale_step_t,
-               const torch::Tensor& min_step_t)
+  WeightParams(const at::Tensor& scale_t, const at::Tensor& min_t, const at::Tensor& scale_step_t,
+               const at::Tensor& min_step_t)
       : scale(static_cast<const uint8_t*>(scale_t.data_ptr())),
         min(min_t.numel() ? static_cast<const uint8_t*>(min_t.data_ptr()) : nullptr),
         scale_step(scale_step_t.numel() ? scale_step_t.data_ptr<at::Half>() : nullptr),
@@ -301,25 +303,25 @@ struct WeightParams {
   }
 };
 
-void check_params(const torch::Tensor& scale, const torch::Tensor& min, const torch::Tensor& scale_step,
-                  const torch::Tensor& min_step, int64_t bits) {
+void check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
+                  const at::Tensor& min_step, int64_t bits) {
   const bool coded = bits != 8;
-  TORCH_CHECK(scale.scalar_type() == (coded ? torch::kChar : torch::kHalf) && min.scalar_type() == scale.scalar_type(),
+  TORCH_CHECK(scale.scalar_type() == (coded ? at::kChar : at::kHalf) && min.scalar_type() == scale.scalar_type(),
               "scales and mins must be float16 (8 bits) or int8 codes (4 and 6 bits)");
-  TORCH_CHECK(!coded || (scale_step.scalar_type() == torch::kHalf && scale_step.size(1) > 0 &&
+  TORCH_CHECK(!coded || (scale_step.scalar_type() == at::kHalf && scale_step.size(1) > 0 &&
                          scale.size(1) % scale_step.size(1) == 0),
               "coded scales need float16 steps per super-block");
   TORCH_CHECK(bits == 6 || min.size(2) == scale.size(2), "this weight format needs its mins");
   TORCH_CHECK(bits != 4 || min_step.numel() == scale_step.numel(), "4-bit mins need their steps");
-  for (const torch::Tensor& t : {scale, min, scale_step, min_step}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
+  for (const at::Tensor& t : {scale, min, scale_step, min_step}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
 }
 
 }  // namespace
 
 // x [M, K] float32 -> [M, N] float32
-torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torch::Tensor min, torch::Tensor scale_step,
-                     torch::Tensor min_step, int64_t group, int64_t bits) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be [M, K] float32");
+at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
+                     at::Tensor min_step, int64_t group, int64_t bits) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
   TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
   check_params(scale, min, scale_step, min_step, bits);
@@ -328,7 +330,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
   TORCH_CHECK(k % group == 0 && scale.size(1) == groups, "K does not match the packed weight");
   TORCH_CHECK(tiles % 2 == 0, "the kernel works on pairs of 16-output tiles (N % 32 == 0)");
   const QuantizedRows act = quantize_rows(x, group);
-  torch::Tensor out = torch::empty({rows, tiles * kTile}, torch::kFloat);
+  at::Tensor out = at::empty({rows, tiles * kTile}, at::kFloat);
   const int64_t tile_bytes = q.numel() / tiles;
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
   const WeightParams params(scale, min, scale_step, min_step);
@@ -356,14 +358,14 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor q, torch::Tensor scale, torc
 }
 
 // The float rows of the weight for the given output indices (embedding lookup): [len(ids), K].
-torch::Tensor rows(torch::Tensor ids, torch::Tensor q, torch::Tensor scale, torch::Tensor min, torch::Tensor scale_step,
-                   torch::Tensor min_step, int64_t group, int64_t bits) {
+at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
+                   at::Tensor min_step, int64_t group, int64_t bits) {
   check_params(scale, min, scale_step, min_step, bits);
   const int64_t tiles = scale.size(0), groups = scale.size(1), k = groups * group, chunks = group / 4;
   const int64_t tile_bytes = q.numel() / tiles;
   const int64_t lines = bits == 8 ? chunks : (bits == 4 ? chunks / 2 : chunks / 2 + chunks / 4);  // per group
-  ids = ids.contiguous().to(torch::kLong);
-  torch::Tensor out = torch::empty({ids.numel(), k}, torch::kFloat);
+  ids = ids.contiguous().to(at::kLong);
+  at::Tensor out = at::empty({ids.numel(), k}, at::kFloat);
   const int64_t* id = ids.data_ptr<int64_t>();
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
   const WeightParams params(scale, min, scale_step, min_step);
@@ -406,10 +408,10 @@ torch::Tensor rows(torch::Tensor ids, torch::Tensor q, torch::Tensor scale, torc
 
 // RMSNorm of each row: x [M, D] float32 -> x / sqrt(mean(x^2) + eps) * weight. One pass per row
 // instead of six tensor ops (their dispatch costs more than the arithmetic at decoding sizes).
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   x = x.contiguous();
   const int64_t d = x.size(-1), rows = x.numel() / d;
-  torch::Tensor out = torch::empty_like(x);
+  at::Tensor out = at::empty_like(x);
   const float* src = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   float* dst = out.data_ptr<float>();
@@ -420,13 +422,4 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
     for (int64_t i = 0; i < d; ++i) dst[r * d + i] = src[r * d + i] * scale * w[i];
   }
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // The GIL is released while a call runs: the window's thread keeps painting during a pass.
-  using release = py::call_guard<py::gil_scoped_release>;
-  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension", release());
-  m.def("linear", &linear, "low-bit linear: x [M, K] float32 -> [M, N] float32", release());
-  m.def("rows", &rows, "dequantized weight rows for output indices", release());
-  bind_decoder(m);
 }

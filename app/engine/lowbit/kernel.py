@@ -14,7 +14,8 @@ import torch
 from ..cache import cache_root
 from .packing import PackedWeight, dequantize, reference_linear
 
-SOURCES = [Path(__file__).with_name(name) for name in ("kernel.cpp", "decoder.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("kernel.cpp", "decoder.cpp", "bindings.cpp")]
+HEADERS = [Path(__file__).with_name("kernel.h")]
 # What the kernel's instructions need; -ffp-contract=off keeps each float step as written;
 # -fopenmp makes at::parallel_for split the work over torch's threads (without it the header
 # template runs serially), and the library binds to the libgomp torch has already loaded.
@@ -50,7 +51,7 @@ def build_id() -> str:
     if native() is None:
         return "reference"
     digest = hashlib.sha256(" ".join(FLAGS).encode())
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
 

@@ -1,0 +1,36 @@
+// The Python module. torch/csrc/utils/pybind.h brings pybind11 with torch's tensor conversions in
+// about 5 s of compile; torch/extension.h took about 20 s more.
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "kernel.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // The GIL is released while a call runs: the window's thread keeps painting during a pass.
+  using release = py::call_guard<py::gil_scoped_release>;
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension", release());
+  m.def("linear", &linear, "low-bit linear: x [M, K] float32 -> [M, N] float32", release());
+  m.def("rows", &rows, "dequantized weight rows for output indices", release());
+  m.def("attention", &attention, "causal attention of n new rows over a transposed-key cache, as the layer stack computes it",
+        release());
+  m.def("swiglu", &swiglu_rows, "silu(gate) * up of [n, 2 * inner] rows, as the layer stack computes it");
+  py::class_<Projection>(m, "Projection")
+      .def(py::init([](at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step, at::Tensor min_step,
+                       std::optional<at::Tensor> bias, int64_t group, int64_t bits, int64_t out_features) {
+             return Projection{q, scale, min, scale_step, min_step, bias, group, bits, out_features};
+           }),
+           py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("scale_step"), py::arg("min_step"),
+           py::arg("bias"), py::arg("group"), py::arg("bits"), py::arg("out_features"));
+  py::class_<Layer>(m, "Layer")
+      .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, std::vector<Projection> qkv, Projection output,
+                       std::vector<Projection> gate_up, Projection down) {
+             return Layer{input_norm, post_norm, std::move(qkv), output, std::move(gate_up), down};
+           }),
+           py::arg("input_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("output"), py::arg("gate_up"),
+           py::arg("down"));
+  py::class_<LayerStack>(m, "LayerStack")
+      .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double>(), py::arg("layers"),
+           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scaling"), py::arg("eps"))
+      .def("forward", &LayerStack::forward, release(),
+           "hidden [n, D] through every layer, writing the n new keys and values into the caches");
+}
