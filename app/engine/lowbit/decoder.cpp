@@ -178,8 +178,7 @@ void add_into(float* dst, const at::Tensor& y) {
 
 // The same attention on tensors, for tests: queries [n, heads, head_dim], keys_t [kv_heads,
 // head_dim, capacity], values [kv_heads, capacity, head_dim] holding start + n positions.
-at::Tensor attention(at::Tensor queries, at::Tensor keys_t, at::Tensor values, int64_t start,
-                        double scaling) {
+at::Tensor attention(at::Tensor queries, at::Tensor keys_t, at::Tensor values, int64_t start, double scaling) {
   queries = queries.contiguous();
   keys_t = keys_t.contiguous();
   values = values.contiguous();

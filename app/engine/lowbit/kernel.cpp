@@ -177,12 +177,12 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     }
     // Prefetch into L2. A first pass over the pair fetches about kAheadBytes ahead on each stream
     // (weights, scales, mins of both tiles): tile 1's streams run on into the next pair's tile 0,
-    // tile 0's jump to the next pair's tile 1 once its own groups run out. Without this the kernel
-    // read DRAM at 17-20 GB/s at one row where a plain read of the same bytes reaches 24-26; with
-    // it at 24-26 (a one-off benchmark of 2026-12-03). More than 4 rows take several passes over
-    // the pair, the later ones from the caches: the second fetches the whole next pair meanwhile,
-    // so that DRAM works while the arithmetic does. Prefetches never fault, so the last pair's
-    // look past its end is harmless.
+    // tile 0's jump to the next pair's tile 1 once its own groups run out. The previous scheme (4
+    // groups ahead into L1, within the pair) read the target's gate/up weights at 18 GB/s at one
+    // row, this one at 28 (a one-off A/B in one process, 2026-12-03). More than 4 rows take
+    // several passes over the pair, the later ones from the caches: the second fetches the whole
+    // next pair meanwhile, so that DRAM works while the arithmetic does. Prefetches never fault,
+    // so the last pair's look past its end is harmless.
     if (pass < 2) {
       const int64_t tile_params = groups * kTile * kParamBytes;
       const int64_t g_ahead = pass == 0 ? g + kAhead : g + groups;  // counted from this pair's tile 0
@@ -320,7 +320,7 @@ void check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tens
 
 // x [M, K] float32 -> [M, N] float32
 at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
-                     at::Tensor min_step, int64_t group, int64_t bits) {
+                  at::Tensor min_step, int64_t group, int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
   TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
@@ -359,7 +359,7 @@ at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, 
 
 // The float rows of the weight for the given output indices (embedding lookup): [len(ids), K].
 at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
-                   at::Tensor min_step, int64_t group, int64_t bits) {
+                at::Tensor min_step, int64_t group, int64_t bits) {
   check_params(scale, min, scale_step, min_step, bits);
   const int64_t tiles = scale.size(0), groups = scale.size(1), k = groups * group, chunks = group / 4;
   const int64_t tile_bytes = q.numel() / tiles;
