@@ -13,7 +13,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows", &rows, "dequantized weight rows for output indices", release());
   m.def("attention", &attention, "causal attention of n new rows over a transposed-key cache, as the layer stack computes it",
         release());
-  m.def("swiglu", &swiglu_rows, "silu(gate) * up of [n, 2 * inner] rows, as the layer stack computes it");
+  m.def("swiglu", &swiglu_rows, "silu(gate) * up of [n, 2 * inner] rows, as the layer stack computes it", release());
   py::class_<Projection>(m, "Projection")
       .def(py::init([](at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step, at::Tensor min_step,
                        std::optional<at::Tensor> bias, int64_t group, int64_t bits, int64_t out_features) {

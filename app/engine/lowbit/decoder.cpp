@@ -192,15 +192,16 @@ at::Tensor attention(at::Tensor queries, at::Tensor keys_t, at::Tensor values, i
   return out;
 }
 
-// The same product on tensors, for tests: gate_up [n, 2 * inner] (gate, then up) -> [n, inner].
+// gate_up [n, 2 * inner] (gate, then up) -> silu(gate) * up [n, inner], rows shared between threads.
 at::Tensor swiglu_rows(at::Tensor gate_up) {
   gate_up = gate_up.contiguous();
   const int64_t n = gate_up.size(0), inner = gate_up.size(1) / 2;
   at::Tensor out = at::empty({n, inner}, at::kFloat);
-  for (int64_t r = 0; r < n; ++r) {
-    swiglu(gate_up.data_ptr<float>() + r * 2 * inner, gate_up.data_ptr<float>() + r * 2 * inner + inner, inner,
-           out.data_ptr<float>() + r * inner);
-  }
+  const float* gu = gate_up.data_ptr<float>();
+  float* product = out.data_ptr<float>();
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) swiglu(gu + r * 2 * inner, gu + r * 2 * inner + inner, inner, product + r * inner);
+  });
   return out;
 }
 
@@ -236,14 +237,7 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
                      scaling_, attended.data_ptr<float>());
     add_into(h, project(attended, {layer.output}));
     at::Tensor gate_up = project(rms_norm(hidden, layer.post_norm, eps_), layer.gate_up);  // [n, 2I]
-    const int64_t inner = gate_up.size(1) / 2;
-    at::Tensor product = at::empty({n, inner}, at::kFloat);
-    const float* gu = gate_up.data_ptr<float>();
-    float* prod = product.data_ptr<float>();
-    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) swiglu(gu + r * 2 * inner, gu + r * 2 * inner + inner, inner, prod + r * inner);
-    });
-    add_into(h, project(product, {layer.down}));
+    add_into(h, project(swiglu_rows(gate_up), {layer.down}));
   }
   return hidden;
 }

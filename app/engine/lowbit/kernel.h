@@ -20,7 +20,7 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
 // tests): queries [n, heads, head_dim], keys_t [kv_heads, head_dim, capacity], values [kv_heads,
 // capacity, head_dim] holding start + n positions.
 at::Tensor attention(at::Tensor queries, at::Tensor keys_t, at::Tensor values, int64_t start, double scaling);
-// silu(gate) * up as the layer stack computes it (for tests): gate_up [n, 2 * inner] -> [n, inner].
+// The layer stack's silu(gate) * up (exposed for tests): gate_up [n, 2 * inner] -> [n, inner].
 at::Tensor swiglu_rows(at::Tensor gate_up);
 
 // One low-bit projection: its packed weight (see kernel.cpp), its real outputs and its bias.
@@ -32,12 +32,11 @@ struct Projection {
 
 struct Layer {
   at::Tensor input_norm, post_norm;  // float32 [D]
-  std::vector<Projection> qkv;          // one fused projection, or q, k and v
+  std::vector<Projection> qkv;      // one fused projection, or q, k and v
   Projection output;
   std::vector<Projection> gate_up;  // one fused projection, or gate and up
   Projection down;
 };
-
 
 // The whole stack of Llama/Qwen2 decoder layers in one call (decoder.cpp).
 class LayerStack {

@@ -2,12 +2,9 @@
 no float copy of the weights in memory or on disk."""
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
-import gguf
 import numpy as np
 import torch
 from accelerate import init_empty_weights
@@ -31,7 +28,7 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
     with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     processor = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=config.to_dict())
-    with _tensor_name_map_built_once():
+    with gguf_file.tensor_name_map_built_once():
         names = get_gguf_hf_weights_map(model, processor)  # GGUF name -> HF parameter name
     modules = dict(model.named_modules())
     packed_by_name = {}
@@ -66,19 +63,6 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
             model.lm_head = LowBitLinear(embedding.packed, out_features=model.lm_head.out_features)
     _check_complete(model, path)
     return model.eval()
-
-
-@contextmanager
-def _tensor_name_map_built_once() -> Iterator[None]:
-    """transformers' get_gguf_hf_weights_map walks the module tree and builds gguf's name map
-    afresh at every module (371 times for the default target: about 4 s of a first start); the
-    map depends only on its arguments."""
-    original = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.cache(original)
-    try:
-        yield
-    finally:
-        gguf.get_tensor_name_map = original
 
 
 def _real(bias: torch.Tensor | None) -> torch.Tensor | None:
