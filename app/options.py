@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 
+from .engine.draft_vocabulary import COMMON_TOKENS
 from .engine.engine import GenerationOptions, ProposerKind
 from .engine.models import Precision
 from .engine.sampling import SamplingParams
@@ -18,6 +19,7 @@ class LoadOptions:
     draft: str = "default-draft"
     precision: Precision = Precision.LOWBIT  # the target runs from the GGUF's own low-bit blocks
     draft_precision: Precision = Precision.BITS4  # a cheaper draft never changes the answer
+    draft_vocabulary: int = COMMON_TOKENS  # as cheap: the draft drafts the most common tokens and the conversation's
 
 
 LOAD_DEFAULTS = LoadOptions()
@@ -31,6 +33,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target weights on CPU: lowbit = the GGUF's own blocks, fp32 = dequantized reference")
     parser.add_argument("--draft-precision", choices=choices, default=LOAD_DEFAULTS.draft_precision.value,
                         help="draft weights on CPU (output unchanged: only the target decides)")
+    parser.add_argument("--draft-vocabulary", type=int, default=LOAD_DEFAULTS.draft_vocabulary,
+                        help="a low-bit draft drafts only this many most common tokens and the conversation's "
+                             "(0: all; output unchanged)")
     parser.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=DEFAULTS.speculative,
                         help="speculative decoding (off: plain target decoding)")
     parser.add_argument("-k", type=int, default=DEFAULTS.k, help="draft length (the starting length when adaptive)")
@@ -46,7 +51,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
     return LoadOptions(target=args.target, draft=args.draft, precision=Precision(args.precision),
-                       draft_precision=Precision(args.draft_precision))
+                       draft_precision=Precision(args.draft_precision), draft_vocabulary=args.draft_vocabulary)
 
 
 def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptions:

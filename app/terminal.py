@@ -27,7 +27,7 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     try:
         draft = load_model(args.draft, device, dtype, progress, precision=args.draft_precision)
         target = load_model(args.target, device, dtype, progress, precision=args.precision)
-        engine = SpeculativeEngine(target, draft)
+        engine = SpeculativeEngine(target, draft, args.draft_vocabulary)
     except ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

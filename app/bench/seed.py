@@ -39,7 +39,7 @@ def build_engine(args: argparse.Namespace) -> SpeculativeEngine:
     device, dtype, why = pick_device()
     print(f"device: {why}")
     draft = load_model(args.draft, device, dtype, precision=args.draft_precision)
-    return SpeculativeEngine(load_model(args.target, device, dtype, precision=args.precision), draft)
+    return SpeculativeEngine(load_model(args.target, device, dtype, precision=args.precision), draft, args.draft_vocabulary)
 
 
 def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: GenerationOptions,

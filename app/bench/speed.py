@@ -113,11 +113,14 @@ def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
     return run
 
 
-def verify_cost_curve(model: LoadedModel, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3) -> dict:
+def verify_cost_curve(model: LoadedModel, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3,
+                      vocabulary=None) -> dict:
     """Milliseconds of one pass over n new tokens after `context` cached ones (best of `repeats`):
-    speculation pays while verifying k+1 tokens costs about as much as one."""
+    speculation pays while verifying k+1 tokens costs about as much as one. vocabulary: the
+    draft's, to time the draft as it drafts."""
     forward = cached_forward(model.model)
-    return {n: round(seconds * 1000, 2) for n, seconds in pass_seconds(forward, sizes, context, repeats).items()}
+    seconds = pass_seconds(forward, sizes, vocabulary, context=context, repeats=repeats)
+    return {n: round(s * 1000, 2) for n, s in seconds.items()}
 
 
 def run_speed(args: argparse.Namespace) -> dict:
@@ -127,7 +130,7 @@ def run_speed(args: argparse.Namespace) -> dict:
     packed = not args.no_packed_linear
     draft = load_model(args.draft, device, dtype, progress=stage, precision=args.draft_precision, packed_linear=packed)
     target = load_model(args.target, device, dtype, progress=stage, precision=args.precision, packed_linear=packed)
-    engine = SpeculativeEngine(target, draft)
+    engine = SpeculativeEngine(target, draft, args.draft_vocabulary)
     rss_after_load = _rss_bytes()  # before HF's copies and the peer's models join the process
     rows = read_jsonl(args.data, args.limit)
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": row["question"]}]) for row in rows]
@@ -152,7 +155,7 @@ def run_speed(args: argparse.Namespace) -> dict:
         print(f"peer: {peer_note}")
 
     print("verify cost (ms per target pass over n tokens):", curve := verify_cost_curve(target))
-    print("draft cost (ms per draft pass over n tokens):", draft_curve := verify_cost_curve(draft, sizes=(1,)))
+    print("draft cost (ms per draft pass over n tokens):", draft_curve := verify_cost_curve(draft, sizes=(1,), vocabulary=engine.draft_vocabulary))
     for run in modes.values():  # warm-up: first calls allocate and are slow
         run(prompts[0], 8)
     totals = {name: ModeTotals() for name in modes}
@@ -190,6 +193,7 @@ def run_speed(args: argparse.Namespace) -> dict:
             "torch_threads": torch.get_num_threads(), "data": str(args.data), "limit": len(prompts),
             "max_new_tokens": args.max_new_tokens, "k": args.k, "adaptive": args.adaptive, "packed_linear": packed,
             "proposer": args.proposer, "peer": peer_note,
+            "draft_vocabulary": engine.draft_vocabulary.common if engine.draft_vocabulary else "all",
         },
         "memory": {"target_bytes": target.memory_bytes, "draft_bytes": draft.memory_bytes,
                    "process_rss_after_load_bytes": rss_after_load},

@@ -55,10 +55,12 @@ def cached(model: PreTrainedModel, vocab_width: int | None = None):
     return CachedModel(model, vocab_width)
 
 
-def pass_seconds(model, sizes: Iterable[int], context: int = 32, repeats: int = 2) -> dict[int, float]:
+def pass_seconds(model, sizes: Iterable[int], vocabulary=None, context: int = 32, repeats: int = 2) -> dict[int, float]:
     """Seconds of one cached forward over n new tokens after `context` cached ones (best of
-    `repeats`), for each n in `sizes`. The context is fed once and each pass rolled back, so the
-    timing costs little more than the passes themselves; the cache is left empty."""
+    `repeats`), for each n in `sizes`; with a draft's vocabulary, as the draft runs. The context
+    is fed once and each pass rolled back, so the timing costs little more than the passes
+    themselves; the cache is left empty."""
+    over = {} if vocabulary is None else {"vocabulary": vocabulary}
     vocab = model.model.config.vocab_size
     model.reset()
     model.forward(torch.arange(context) % vocab, keep=1)
@@ -67,7 +69,7 @@ def pass_seconds(model, sizes: Iterable[int], context: int = 32, repeats: int = 
         for _ in range(repeats):
             model.rollback(context)
             start = time.perf_counter()
-            model.forward(torch.arange(n) % vocab, keep=n)
+            model.forward(torch.arange(n) % vocab, keep=n, **over)
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             seconds[n] = min(seconds.get(n, float("inf")), time.perf_counter() - start)

@@ -12,6 +12,7 @@ from enum import Enum
 import torch
 
 from .cached_model import cached, pass_seconds
+from .draft_vocabulary import COMMON_TOKENS, DraftVocabulary
 from .errors import EngineBusyError
 from .loop import Limits, speculative_generate
 from .models import LoadedModel, check_compatible, shared_vocab_width
@@ -47,7 +48,10 @@ class GenerationOptions:
 
 
 class SpeculativeEngine:
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None) -> None:
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None,
+                 draft_vocabulary: int = COMMON_TOKENS) -> None:
+        """draft_vocabulary: a low-bit draft drafts only the this many most common tokens and
+        those of the conversation (0: all tokens); speed only, see draft_vocabulary.py."""
         width = None
         if draft is not None:
             check_compatible(draft, target)
@@ -55,6 +59,7 @@ class SpeculativeEngine:
         self.target, self.draft = target, draft
         self._target = cached(target.model, width)
         self._draft = cached(draft.model, width) if draft is not None else None
+        self.draft_vocabulary = DraftVocabulary.for_draft(self._draft, width, draft_vocabulary) if draft is not None else None
         self.costs = CostModel()  # what a draft token and a verification cost here, across requests
         self._busy = threading.Lock()
 
@@ -86,7 +91,7 @@ class SpeculativeEngine:
         if self._draft is None:  # only prompt lookup drafts, at next to no cost
             self.costs.draft_token = 1e-5
             return
-        draft = pass_seconds(self._draft, (1, 64))
+        draft = pass_seconds(self._draft, (1, 64), self.draft_vocabulary)
         self.costs.draft_token, self.costs.catch_up_token = draft[1], draft[64] / 64
 
     def _proposer(self, options: GenerationOptions, generator: torch.Generator) -> Proposer:
@@ -96,5 +101,5 @@ class SpeculativeEngine:
             return PromptLookupProposer()
         if self._draft is None:
             raise ValueError("speculation with a draft model needs a draft model; load one or use prompt lookup")
-        return DraftModelProposer(self._draft, options.sampling, generator)
+        return DraftModelProposer(self._draft, options.sampling, generator, self.draft_vocabulary)
 

@@ -85,8 +85,18 @@ class LeanDecoder:
         return torch.cat(rows, dim=2)
 
     @torch.inference_mode()
-    def forward(self, token_ids: torch.Tensor, keep: int) -> torch.Tensor:
-        """token_ids [n] long, appended to the cache -> logits [keep, V] float32 of the last positions."""
+    def forward(self, token_ids: torch.Tensor, keep: int, vocabulary=None) -> torch.Tensor:
+        """token_ids [n] long, appended to the cache -> logits [keep, V] float32 of the last
+        positions; with a DraftVocabulary, logits [keep, S] over its tokens only."""
+        hidden = self.hidden(token_ids, keep)
+        if vocabulary is not None:
+            return vocabulary.logits(hidden)
+        return self.model.lm_head(hidden)[:, : self.vocab_width].float()
+
+    @torch.inference_mode()
+    def hidden(self, token_ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """token_ids [n] long, appended to the cache -> the final normalised hidden states
+        [keep, D] of the last positions (what the output layer reads)."""
         decoder = self.model.model
         n, start = token_ids.numel(), self.length
         end = start + n
@@ -100,8 +110,7 @@ class LeanDecoder:
         else:
             hidden = self._layers(hidden, cos, sin, start, keep)
         self.length = end
-        logits = self.model.lm_head(_rms_norm(decoder.norm, hidden[:, -keep:]))
-        return logits[0, :, : self.vocab_width].float()
+        return _rms_norm(decoder.norm, hidden[0, -keep:])
 
     def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, keep: int) -> torch.Tensor:
         """hidden [1, n, D] through every layer in Python (no C++ kernel), writing the cache."""

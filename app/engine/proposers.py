@@ -8,6 +8,7 @@ from typing import Protocol
 import torch
 
 from .cached_model import CachedModel
+from .draft_vocabulary import DraftVocabulary
 from .sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -51,14 +52,19 @@ SHORT_CATCH_UP = 8  # committed tokens the draft model takes in with its first d
 class DraftModelProposer(_Committed):
     """A small model drafts autoregressively with its own KV cache."""
 
-    def __init__(self, model: CachedModel, params: SamplingParams, generator: torch.Generator | None) -> None:
+    def __init__(self, model: CachedModel, params: SamplingParams, generator: torch.Generator | None,
+                 vocabulary: DraftVocabulary | None = None) -> None:
+        """vocabulary: the tokens it may draft (None: all); see draft_vocabulary.py."""
         self.model = model
         self.params = params
         self.generator = generator
+        self.vocabulary = vocabulary
 
     def begin(self, prompt_ids: list[int]) -> None:
         super().begin(prompt_ids)
         self.model.reset()
+        if self.vocabulary is not None:
+            self.vocabulary.reset(prompt_ids)
 
     def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
         # Feed what was committed since the cache last grew: usually the target's last token, after
@@ -69,25 +75,38 @@ class DraftModelProposer(_Committed):
         catch_up_seconds, catch_up_tokens = 0.0, self.behind()
         if catch_up_tokens:
             start = time.perf_counter()
-            self.model.forward(torch.tensor(pending[:-1], dtype=torch.long), keep=1)
+            self._logits(pending[:-1])
             if self.model.device.type == "cuda":
                 torch.cuda.synchronize()
             catch_up_seconds = time.perf_counter() - start
             pending = pending[-1:]
-        logits = self.model.forward(torch.tensor(pending, dtype=torch.long), keep=1)[0]
-        tokens, probs = [], []
+        logits = self._logits(pending)
+        choices, probs = [], []  # columns of the logits: token ids, or positions in the vocabulary
         for i in range(k):
             step_probs = logits_to_probs(logits, self.params)
-            token = sample(step_probs, self.params, self.generator)
-            tokens.append(token)
+            choice = sample(step_probs, self.params, self.generator)
+            choices.append(choice)
             probs.append(step_probs)
             # The confidence check is the only host sync inside the draft loop.
-            if i == k - 1 or (min_confidence > 0 and float(step_probs[token]) < min_confidence):
+            if i == k - 1 or (min_confidence > 0 and float(step_probs[choice]) < min_confidence):
                 break
-            logits = self.model.forward(token.view(1), keep=1)[0]
-        draft = Draft(torch.stack(tokens), torch.stack(probs), catch_up_seconds, catch_up_tokens)
+            logits = self._logits(self._token_ids(choice.view(1)))
+        tokens, probs = self._token_ids(torch.stack(choices)), torch.stack(probs)
+        if self.vocabulary is not None:
+            probs = self.vocabulary.spread(probs)
+        draft = Draft(tokens, probs, catch_up_seconds, catch_up_tokens)
         self.last_draft = draft.tokens.tolist()
         return draft
+
+    def _logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """Feeds token_ids -> the logits of the last position [V], or [S] over the vocabulary."""
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long)
+        if self.vocabulary is None:
+            return self.model.forward(token_ids, keep=1)[0]
+        return self.model.forward(token_ids, keep=1, vocabulary=self.vocabulary)[0]
+
+    def _token_ids(self, choices: torch.Tensor) -> torch.Tensor:
+        return choices if self.vocabulary is None else self.vocabulary.ids[choices]
 
     def behind(self) -> int:
         # Up to SHORT_CATCH_UP tokens are fed with the first draft step, not caught up on.
@@ -98,6 +117,8 @@ class DraftModelProposer(_Committed):
         # The cache holds the old ids plus all drafts but the last; keep the accepted part.
         self.model.rollback(min(self.model.length, len(self.ids) + n_accepted))
         super().commit(n_accepted, next_token)
+        if self.vocabulary is not None:
+            self.vocabulary.add([next_token])  # drafts are in it already
 
 
 class PromptLookupProposer(_Committed):
