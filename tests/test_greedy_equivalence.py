@@ -236,3 +236,15 @@ def test_a_long_prompt_with_a_short_answer_is_decoded_plainly(tiny_target, tiny_
     assert steps[-1].stats.drafted == 0 and engine._draft.length == 0
     # the same prompt with a long answer ahead is worth the catch-up
     assert all_steps(engine, prompt, adaptive=True, max_new_tokens=100)[-1].stats.drafted > 0
+
+
+def test_cost_aware_policy_now_and_then_drafts_one_more_than_the_best():
+    # Verification looks expensive beyond 2 tokens (an estimate that is never measured again
+    # while the policy keeps to k = 1); exploring measures it again.
+    policy = CostAwareK(costs({1: 50, 2: 52, 3: 100, 17: 300}, draft_ms=10), explore_every=4)
+    chosen = []
+    for _ in range(12):
+        chosen.append(policy.k)
+        policy.update(n_drafted=policy.k, n_accepted=policy.k, draft_seconds=0.01 * policy.k,
+                      target_seconds=policy.costs.verify_seconds(policy.k + 1))
+    assert chosen.count(1) == 9 and chosen.count(2) == 3

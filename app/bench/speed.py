@@ -199,6 +199,9 @@ def run_speed(args: argparse.Namespace) -> dict:
                    "process_rss_after_load_bytes": rss_after_load},
         "verify_cost_ms": curve,
         "draft_cost_ms": draft_curve,
+        # what the cost-aware policy believed at the end: the costs it chose k by
+        "policy_cost_model_ms": {"draft_token": round(engine.costs.draft_token * 1000, 2),
+                                 "verify": {n: round(s * 1000, 2) for n, s in sorted(engine.costs.verify.items())}},
         "modes": summaries,
         "per_prompt": per_prompt,
         "speedup_vs_plain": round(speed["speculative"] / speed["plain"], 3),

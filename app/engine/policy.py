@@ -63,7 +63,9 @@ class CostAwareK:
     E(k) / (k * draft_token + verify(k + 1)), with E(k) = (1 - a^(k+1)) / (1 - a) tokens per
     step for a per-token acceptance a. The acceptance is learnt from what was actually offered
     (a draft that stopped itself on low confidence and was fully accepted counts no rejection),
-    with older steps fading. After `probe_every` plain steps it drafts once to look again.
+    with older steps fading. After `probe_every` plain steps it drafts once to look again, and
+    every `explore_every`-th drafting step drafts one token more than the best: a cost known
+    only from calibration, or pushed up by one slow pass, is measured again.
     Before a draft that first has to catch up on many tokens (the prompt, a run of plain steps),
     it weighs that catch-up against the time drafting would save over the tokens left, so a long
     prompt with a short answer is decoded plainly rather than slower.
@@ -74,10 +76,12 @@ class CostAwareK:
     k_max: int = 16
     min_confidence: float = 0.5
     probe_every: int = 8
+    explore_every: int = 16
     fading: float = 0.85
     accepted_weight: float = 3.0  # prior: acceptance 0.75
     rejected_weight: float = 1.0
     plain_steps: int = 0
+    drafting_steps: int = 0
     # Drafting must save twice its catch-up: near the break-even point the gain is small either
     # way, while both estimates err on the optimistic side on long prompts (the draft's cost per
     # prompt token, timed on 64 tokens, grows with the prompt's length through attention).
@@ -101,6 +105,7 @@ class CostAwareK:
             self.accepted_weight = self.fading * self.accepted_weight + n_accepted
             self.rejected_weight = self.fading * self.rejected_weight + (n_accepted < n_drafted)
             self.plain_steps = 0
+            self.drafting_steps += 1
         else:
             self.plain_steps += 1
         if self.costs.ready:
@@ -128,6 +133,8 @@ class CostAwareK:
         best = max(range(self.k_max + 1), key=self.expected_rate)
         if best == 0 and self.plain_steps >= self.probe_every:
             return 2  # a short probe: cheap, and enough to see whether the draft agrees again
+        if best and self.drafting_steps % self.explore_every == self.explore_every - 1:
+            return min(best + 1, self.k_max)
         return best
 
 
