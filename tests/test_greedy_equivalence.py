@@ -248,3 +248,14 @@ def test_cost_aware_policy_now_and_then_drafts_one_more_than_the_best():
         policy.update(n_drafted=policy.k, n_accepted=policy.k, draft_seconds=0.01 * policy.k,
                       target_seconds=policy.costs.verify_seconds(policy.k + 1))
     assert chosen.count(1) == 9 and chosen.count(2) == 3
+
+
+def test_one_slow_pass_barely_moves_the_cost_model_but_a_lasting_slowdown_does():
+    model = costs({1: 40, 3: 45}, draft_ms=10)
+    model.observe(2, 0.02, 3, 0.450)  # one pass ten times slower than usual
+    assert model.verify[3] < 1.1 * 0.045 and model.draft_token == pytest.approx(0.010)
+    for _ in range(12):
+        model.observe(2, 0.04, 3, 0.090)  # everything now takes twice as long
+    assert model.verify[3] > 1.8 * 0.045 and model.draft_token > 1.8 * 0.010
+    model.observe(2, 0.02, 3, 0.045)  # faster passes count in full
+    assert model.verify[3] < 0.9 * 0.090

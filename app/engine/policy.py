@@ -27,6 +27,11 @@ class CostModel:
     verify: dict[int, float] = field(default_factory=dict)  # tokens in the pass -> seconds
     catch_up_token: float = 0.0
     smoothing: float = 0.3
+    # One slow pass (another program, the machine's noise: bench runs here saw 3-row passes at
+    # 400 ms) may raise an estimate by at most this factor's share; a lasting slowdown is still
+    # followed within about ten steps, and a faster pass counts in full. Without the cap one
+    # spike priced a draft length out for the rest of an answer: it was never measured again.
+    max_rise: float = 1.25
 
     def observe(self, n_drafted: int, draft_seconds: float, n_verified: int, target_seconds: float) -> None:
         if n_drafted:
@@ -54,7 +59,7 @@ class CostModel:
         return self.draft_token is not None and len(self.verify) >= 2
 
     def _blend(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+        return new if old is None else (1 - self.smoothing) * old + self.smoothing * min(new, self.max_rise * old)
 
 
 @dataclass
