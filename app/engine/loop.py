@@ -56,6 +56,10 @@ def speculative_generate(
         target.forward(torch.tensor(tokens[:-1]), keep=1)
     proposer.begin(tokens)
     stats = Stats(prefill_seconds=clock.now() - started)
+    # The draft model reads the prompt when it first drafts (the policy may decode plainly
+    # first); that reading is prefill, as it is for llama.cpp's speculative decoding, not a cost
+    # of the tokens generated.
+    prompt_unread_by_draft = len(tokens) - 1
 
     n_new = 0
     while n_new < budget:
@@ -83,7 +87,13 @@ def speculative_generate(
         n_new += len(emitted)
         if finish is None and n_new >= budget:
             finish = FinishReason.LENGTH if budget == limits.max_new_tokens else FinishReason.CONTEXT
-        stats = stats.after_step(len(draft), n_accepted, len(emitted), draft_seconds, target_seconds)
+        prompt_share = 0.0
+        if draft.catch_up_tokens and prompt_unread_by_draft:
+            read = min(prompt_unread_by_draft, draft.catch_up_tokens)
+            prompt_share = draft.catch_up_seconds * read / draft.catch_up_tokens
+            prompt_unread_by_draft -= read
+        stats = stats.after_step(len(draft), n_accepted, len(emitted), draft_seconds - prompt_share, target_seconds,
+                                 prefill_seconds=prompt_share)
         yield Step(emitted, draft.tokens[n_accepted:].tolist(), stats, finish)
         if finish:
             return

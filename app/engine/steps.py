@@ -46,11 +46,12 @@ class Stats:
     accepted_lengths: tuple[int, ...] = ()  # accepted drafts per step that drafted
 
     def after_step(self, n_drafted: int, n_accepted: int, n_emitted: int, draft_seconds: float,
-                   target_seconds: float) -> Stats:
+                   target_seconds: float, prefill_seconds: float = 0.0) -> Stats:
         return replace(
             self, drafted=self.drafted + n_drafted, accepted=self.accepted + n_accepted,
             emitted=self.emitted + n_emitted, target_passes=self.target_passes + 1,
             draft_seconds=self.draft_seconds + draft_seconds, target_seconds=self.target_seconds + target_seconds,
+            prefill_seconds=self.prefill_seconds + prefill_seconds,
             accepted_lengths=self.accepted_lengths + ((n_accepted,) if n_drafted else ()))
 
     @property
