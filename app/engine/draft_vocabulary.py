@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .lean_decoder import LeanDecoder
 from .lowbit import kernel
 from .lowbit.modules import LowBitLinear
 from .lowbit.packing import ROWS_MULTIPLE, TILE
@@ -41,7 +42,7 @@ class DraftVocabulary:
     def for_draft(decoder, vocab_width: int, common: int = COMMON_TOKENS) -> DraftVocabulary | None:
         """A subset for a draft whose output layer is low-bit and larger than `common` tokens,
         else None (the full vocabulary: nothing to save). decoder: the draft's cached model."""
-        head = getattr(decoder.model, "lm_head", None) if hasattr(decoder, "hidden") else None
+        head = getattr(decoder.model, "lm_head", None) if isinstance(decoder, LeanDecoder) else None
         if not isinstance(head, LowBitLinear) or not 0 < common // BLOCK * BLOCK < vocab_width:
             return None
         return DraftVocabulary(head, vocab_width, common)
@@ -87,10 +88,10 @@ class DraftVocabulary:
     def _gather(self) -> None:
         if not self._stale:
             return
-        tiles = torch.tensor([block * (BLOCK // TILE) + t for block in self._extra_blocks for t in range(BLOCK // TILE)],
-                             dtype=torch.long)
+        extra = torch.tensor(self._extra_blocks, dtype=torch.long)
+        tiles = (extra[:, None] * (BLOCK // TILE) + torch.arange(BLOCK // TILE)).flatten()
         self._extra = self.head.packed.tiles(tiles) if self._extra_blocks else None
-        blocks = torch.tensor(list(range(self.common_blocks)) + self._extra_blocks, dtype=torch.long)
+        blocks = torch.cat([torch.arange(self.common_blocks), extra])
         ids = (blocks[:, None] * BLOCK + torch.arange(BLOCK)).flatten()
         padding = ids >= self.width  # ids past the vocabulary in its last block: their logits are -inf
         self._padding = padding if padding.any() else None

@@ -50,7 +50,7 @@ class GenerationOptions:
 class SpeculativeEngine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None,
                  draft_vocabulary: int = COMMON_TOKENS) -> None:
-        """draft_vocabulary: a low-bit draft drafts only the this many most common tokens and
+        """draft_vocabulary: a low-bit draft drafts only this many most common tokens and
         those of the conversation (0: all tokens); speed only, see draft_vocabulary.py."""
         width = None
         if draft is not None:

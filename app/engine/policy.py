@@ -27,10 +27,10 @@ class CostModel:
     verify: dict[int, float] = field(default_factory=dict)  # tokens in the pass -> seconds
     catch_up_token: float = 0.0
     smoothing: float = 0.3
-    # One slow pass (another program, the machine's noise: bench runs here saw 3-row passes at
-    # 400 ms) may raise an estimate by at most this factor's share; a lasting slowdown is still
-    # followed within about ten steps, and a faster pass counts in full. Without the cap one
-    # spike priced a draft length out for the rest of an answer: it was never measured again.
+    # One slow pass (another program, the machine's noise) may raise an estimate by at most this
+    # factor's share; a lasting slowdown is still followed within about ten steps, and a faster
+    # pass counts in full. Without the cap a bench run here ended believing 3-token passes cost
+    # 142 ms (about 45 in fact): slow passes had priced drafting out, so it was never measured again.
     max_rise: float = 1.25
 
     def observe(self, n_drafted: int, draft_seconds: float, n_verified: int, target_seconds: float) -> None:
