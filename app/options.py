@@ -19,7 +19,7 @@ class LoadOptions:
     draft: str = "default-draft"
     precision: Precision = Precision.LOWBIT  # the target runs from the GGUF's own low-bit blocks
     draft_precision: Precision = Precision.BITS4  # a cheaper draft never changes the answer
-    draft_vocabulary: int = COMMON_TOKENS  # as cheap: the draft drafts the most common tokens and the conversation's
+    draft_vocabulary: int = COMMON_TOKENS  # speed only, too: the draft proposes common tokens and the conversation's
 
 
 LOAD_DEFAULTS = LoadOptions()
