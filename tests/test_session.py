@@ -176,3 +176,23 @@ def test_regenerate_and_edit_keep_the_store_consistent(tmp_path, engine):
     assert [(m.role, m.content) for m in saved] == [(m.role, m.content) for m in session.conversation.messages]
     assert [m.role for m in saved] == ["user", "assistant", "user", "assistant"] and saved[2].content == "t3"
     assert not saved[-1].versions
+
+
+def test_compare_repeats_the_shown_versions_own_settings_also_after_a_reopen(tmp_path, engine):
+    store = ChatStore(tmp_path / "c.sqlite3")
+    session = ChatSession(store)
+    run(session, engine, session.ask("t3 t4", engine, options(k=3, seed=5, max_new_tokens=12)))
+    run(session, engine, session.regenerate(engine, options(k=6, seed=9, max_new_tokens=8)))
+    session.show_version(1, 0)  # back to the first answer, made with other settings than the last request's
+    made_with = lambda request: (request.options.k, request.options.seed, request.options.max_new_tokens,
+                                 request.options.speculative)
+    assert made_with(session.compare(engine, options(k=2, seed=1))) == (3, 5, 12, False)
+    session.finish()  # nothing generated: the comparison is dropped
+
+    reopened = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    reopened.open_chat(session.conversation.id)
+    assert reopened.conversation.messages[1].shown == 0
+    assert made_with(reopened.compare(engine, options(k=2, seed=1))) == (3, 5, 12, False)
+    reopened.finish()
+    reopened.show_version(1, 1)
+    assert made_with(reopened.compare(engine, options(k=2, seed=1))) == (6, 9, 8, False)

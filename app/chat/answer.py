@@ -13,11 +13,12 @@ from .detokenize import IncrementalDecoder
 
 class AnswerBuilder:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, mode: str, prompt_tokens: int = 0,
-                 context_length: int = 0) -> None:
+                 context_length: int = 0, made_with: str = "") -> None:
         self.tokenizer = tokenizer
         self.decoder = IncrementalDecoder(tokenizer)
         self.tokens: list[TokenRecord] = []
-        self.stats = AnswerStats(mode=mode, prompt_tokens=prompt_tokens, context_length=context_length)
+        self.stats = AnswerStats(mode=mode, prompt_tokens=prompt_tokens, context_length=context_length,
+                                 made_with=made_with)
         self.started = time.perf_counter()
         self._pending: list[TokenRecord] = []  # tokens with no text yet, waiting for the next piece
 

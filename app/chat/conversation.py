@@ -66,6 +66,10 @@ class AnswerStats:
     prompt_tokens: int = 0
     context_length: int = 0  # the model's window (0: unknown)
     comparison: Comparison | None = None  # set by Compare
+    # The generation settings it was made with (session.settings_of, as JSON text: stats are
+    # hashable), so that Compare repeats them for this very answer, after a version flip or a
+    # reopen too; empty in older chats.
+    made_with: str = ""
 
     @property
     def tokens_per_s(self) -> float:

@@ -3,11 +3,13 @@ to the answer, when the growing answer is saved, and what a finished or interrup
 leaves in the conversation. The window only forwards events here and draws the result."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, replace
 from enum import Enum
 
 from ..engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
+from ..engine.sampling import SamplingParams
 from ..engine.steps import FinishReason, Step
 from .answer import AnswerBuilder
 from .conversation import Comparison, Conversation, Message
@@ -37,6 +39,28 @@ def describe(options: GenerationOptions) -> str:
     return f"speculative ({how}, {'adaptive k' if options.adaptive else f'k={options.k}'})"
 
 
+def settings_of(options: GenerationOptions) -> str:
+    """What an answer is made with, as saved in its stats (JSON text)."""
+    sampling = options.sampling
+    return json.dumps({"proposer": options.proposer.value, "k": options.k, "adaptive": options.adaptive,
+                       "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                       "seed": options.seed, "max_new_tokens": options.max_new_tokens})
+
+
+def options_of(saved: str, fallback: GenerationOptions) -> GenerationOptions:
+    """The options `settings_of` saved; `fallback` for an answer saved without them or with
+    settings this version cannot read."""
+    try:
+        settings = json.loads(saved)
+        return replace(fallback, proposer=ProposerKind(settings["proposer"]), k=int(settings["k"]),
+                       adaptive=bool(settings["adaptive"]), seed=int(settings["seed"]),
+                       max_new_tokens=int(settings["max_new_tokens"]),
+                       sampling=SamplingParams(float(settings["temperature"]), int(settings["top_k"]),
+                                               float(settings["top_p"])))
+    except (KeyError, TypeError, ValueError):  # json's decode error is a ValueError
+        return fallback
+
+
 class ChatSession:
     def __init__(self, store: ChatStore, clock=time.monotonic) -> None:
         self.store = store
@@ -45,7 +69,6 @@ class ChatSession:
         self.request: Request | None = None
         self.builder: AnswerBuilder | None = None
         self.errors: list[str] = []  # save failures for the window to show; the data stays in memory
-        self.answer_options: GenerationOptions | None = None  # what the last answer here was made with
         self._saved_at = 0.0
         self._streaming_id: int | None = None  # the streaming answer's row in the store, once saved
 
@@ -56,11 +79,11 @@ class ChatSession:
 
     def new_chat(self, system_prompt: str = "") -> None:
         self._require_idle()
-        self.conversation, self.answer_options = Conversation(system_prompt=system_prompt), None
+        self.conversation = Conversation(system_prompt=system_prompt)
 
     def open_chat(self, chat_id: int) -> None:
         self._require_idle()
-        self.conversation, self.answer_options = self.store.load_chat(chat_id), None
+        self.conversation = self.store.load_chat(chat_id)
 
     def last_answer(self) -> Message | None:
         answers = [m for m in self.conversation.messages if m.role == "assistant" and m.stats and m.stats.token_ids]
@@ -124,24 +147,24 @@ class ChatSession:
         return self.ask(text, engine, options)
 
     def compare(self, engine: SpeculativeEngine, options: GenerationOptions) -> Request | None:
-        """The last answer's prompt again with speculation off, with the options that answer was
-        made with (`options` when they are not known, as in a reopened chat)."""
+        """The last answer's prompt again with speculation off, with the settings the shown
+        version of that answer was made with (`options` for an answer saved without them)."""
         self._require_idle()
         answer = self.last_answer()
         if answer is None:
             return None
         index = self.conversation.messages.index(answer)
         prompt = self.conversation.prompt_messages(upto=index)
-        return self._begin(RequestKind.COMPARE, prompt, engine, replace(self.answer_options or options, speculative=False))
+        made_with = options_of(answer.stats.made_with, options)
+        return self._begin(RequestKind.COMPARE, prompt, engine, replace(made_with, speculative=False))
 
     def _begin(self, kind: RequestKind, prompt: list[dict], engine: SpeculativeEngine,
                options: GenerationOptions) -> Request:
         tokenizer = engine.target.tokenizer
         prompt_ids = chat_prompt_ids(tokenizer, prompt)
         self.request = Request(kind, prompt_ids, options)
-        if kind is not RequestKind.COMPARE:
-            self.answer_options = options
-        self.builder = AnswerBuilder(tokenizer, describe(options), len(prompt_ids), engine.target.context_length)
+        self.builder = AnswerBuilder(tokenizer, describe(options), len(prompt_ids), engine.target.context_length,
+                                     settings_of(options))
         self._saved_at, self._streaming_id = self.clock(), None
         return self.request
 
