@@ -256,3 +256,24 @@ def test_verified_rows_equal_rows_decoded_alone():
     verified = together.forward(tokens, keep=len(tokens))
     decoded = torch.cat([alone.forward(tokens[i : i + 1], keep=1) for i in range(len(tokens))])
     assert torch.equal(verified, decoded)
+
+
+@pytest.mark.skipif(kernel.native() is None, reason="the C++ kernel is not built on this machine")
+def test_a_built_kernel_is_loaded_as_it_is_without_a_compiler(tmp_path):
+    """The library built for these sources is reused from its folder as it is, also from another
+    checkout or environment (torch's builder would rebuild it there, or fail without tools)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    built = Path(kernel.native().__file__)
+    folder = tmp_path / "kernels" / built.parent.name
+    folder.mkdir(parents=True)
+    shutil.copy(built, folder / built.name)
+    env = {**os.environ, "SPECCHAT_CACHE": str(tmp_path), "PATH": str(tmp_path / "no-tools"), "CXX": "false"}
+    code = "from app.engine.lowbit import kernel; print(kernel.why_not_native(), kernel.native().__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).parents[1])
+    assert out.stdout.split() == ["None", str(folder / built.name)], out.stderr[-2000:]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -48,9 +50,13 @@ def why_not_native() -> str | None:
 def build_id() -> str:
     """Which arithmetic runs: a digest of the kernel's sources and flags, or "reference" when the
     pure-torch path does. Figures measured with one build do not hold for another."""
-    if native() is None:
-        return "reference"
-    digest = hashlib.sha256(" ".join(FLAGS).encode())
+    return "reference" if native() is None else _source_digest()
+
+
+@functools.cache
+def _source_digest() -> str:
+    """Sources, flags and the torch and Python it is built against: what makes one build."""
+    digest = hashlib.sha256(" ".join(FLAGS + [torch.__version__, sys.implementation.cache_tag]).encode())
     for source in SOURCES + HEADERS:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
@@ -76,8 +82,20 @@ def _build_once():
         return None, f"this CPU lacks {', '.join(sorted(missing))}"
     from torch.utils import cpp_extension
 
-    folder = cache_root() / "kernels"
+    # One folder per build: a library already there was built from these very sources, so it is
+    # loaded as it is. torch's builder would rebuild it (about 24 s) whenever the sources' paths
+    # differ from the last build's, as they do between two checkouts or environments.
+    folder = cache_root() / "kernels" / _source_digest()
     folder.mkdir(parents=True, exist_ok=True)
+    library = folder / f"specchat_lowbit{cpp_extension.LIB_EXT}"
+    if library.is_file():
+        try:
+            spec = importlib.util.spec_from_file_location("specchat_lowbit", library)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module, None
+        except ImportError:
+            pass  # an unfinished build: built again below
     try:
         module = cpp_extension.load(
             name="specchat_lowbit", sources=[str(source) for source in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
