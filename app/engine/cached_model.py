@@ -35,6 +35,10 @@ class CachedModel:
         self.length += token_ids.numel()
         return out.logits[0, -keep:, : self.vocab_width].float()
 
+    def feed(self, token_ids: torch.Tensor) -> None:
+        """token_ids [n] long, appended to the cache; no logits wanted (a prefill, a catch-up)."""
+        self.forward(token_ids, keep=1)  # transformers' forward computes one row of logits at least
+
     def rollback(self, length: int) -> None:
         """Forget everything after the first `length` cached tokens (called after every step)."""
         if length <= self.length:
@@ -63,7 +67,7 @@ def pass_seconds(model, sizes: Iterable[int], vocabulary=None, context: int = 32
     over = {} if vocabulary is None else {"vocabulary": vocabulary}
     vocab = model.model.config.vocab_size
     model.reset()
-    model.forward(torch.arange(context) % vocab, keep=1)
+    model.feed(torch.arange(context) % vocab)
     seconds = {}
     for n in sizes:
         for _ in range(repeats):

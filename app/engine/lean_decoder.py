@@ -93,6 +93,11 @@ class LeanDecoder:
             return vocabulary.logits(hidden)
         return self.model.lm_head(hidden)[:, : self.vocab_width].float()
 
+    def feed(self, token_ids: torch.Tensor) -> None:
+        """token_ids [n] long, appended to the cache, without the output layer (for the default
+        target 191 MB of weights a prefill had read for logits nobody used)."""
+        self.hidden(token_ids, keep=1)
+
     @torch.inference_mode()
     def hidden(self, token_ids: torch.Tensor, keep: int) -> torch.Tensor:
         """token_ids [n] long, appended to the cache -> the final normalised hidden states

@@ -53,7 +53,7 @@ def speculative_generate(
     started = clock.now()
     # The last prompt token is fed together with the first draft.
     if len(tokens) > 1:
-        target.forward(torch.tensor(tokens[:-1]), keep=1)
+        target.feed(torch.tensor(tokens[:-1]))
     proposer.begin(tokens)
     stats = Stats(prefill_seconds=clock.now() - started)
     # The draft model reads the prompt when it first drafts (the policy may decode plainly

@@ -75,7 +75,7 @@ class DraftModelProposer(_Committed):
         catch_up_seconds, catch_up_tokens = 0.0, self.behind()
         if catch_up_tokens:
             start = time.perf_counter()
-            self._logits(pending[:-1])
+            self.model.feed(torch.tensor(pending[:-1], dtype=torch.long))
             if self.model.device.type == "cuda":
                 torch.cuda.synchronize()
             catch_up_seconds = time.perf_counter() - start
