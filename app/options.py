@@ -43,6 +43,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adaptive draft length: stops drafting when the draft is unsure")
     parser.add_argument("--proposer", choices=[p.value for p in ProposerKind], default=DEFAULTS.proposer.value,
                         help="draft model, or prompt lookup (n-gram, no model)")
+    parser.add_argument("--lookup", type=int, default=DEFAULTS.lookup,
+                        help="a draft model's draft takes up to this many tokens from earlier text where its last "
+                             "three tokens occurred before (0: never; output unchanged)")
     parser.add_argument("--temperature", type=float, default=DEFAULTS.sampling.temperature,
                         help="0 = greedy (exactly the target's own output)")
     parser.add_argument("--top-p", type=float, default=DEFAULTS.sampling.top_p)
@@ -58,6 +61,6 @@ def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptio
     """The flags as options; `max_new_tokens` comes from the caller (benchmarks set their own budgets)."""
     options = GenerationOptions(
         speculative=args.speculative, proposer=ProposerKind(args.proposer), k=args.k, adaptive=args.adaptive,
-        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p), seed=args.seed,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p), seed=args.seed, lookup=args.lookup,
     )
     return replace(options, **overrides)

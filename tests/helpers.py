@@ -2,8 +2,9 @@ from app.engine.engine import GenerationOptions, SpeculativeEngine
 
 
 def options(**overrides) -> GenerationOptions:
-    """Tests that name a k mean a fixed k unless they ask for adaptive."""
-    return GenerationOptions(**{"adaptive": False, **overrides})
+    """Tests that name a k mean a fixed k unless they ask for adaptive, drafted by the draft
+    model alone unless they ask for lookup."""
+    return GenerationOptions(**{"adaptive": False, "lookup": 0, **overrides})
 
 
 def generated_ids(engine: SpeculativeEngine, prompt: list[int], **overrides) -> list[int]:

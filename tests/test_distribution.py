@@ -12,17 +12,23 @@ from tests.tiny import tiny_model
 ORIGINAL_VERIFY_SAMPLED = verify_module.verify_sampled
 VOCAB = 6
 PROMPT = [1, 2, 3]
+# Its last three tokens came before: the first step proposes what followed them, with no model.
+REPEATING_PROMPT = [1, 2, 3, 1, 2, 3]
+# Every drafted x repeats "2 5 x", seen before followed by x + 5: the draft model's first token
+# is always followed by a looked-up one, which the target often rejects (a search picked the
+# tokens for that, so a wrong probability for looked-up tokens shows).
+REPEATS_AFTER_A_DRAFT = [token for x in range(VOCAB) for token in (2, 5, x, (x + 5) % VOCAB)] + [2, 5]
 N_SAMPLES = 2500
 
 
-def exact_two_token_distribution(target, params):
+def exact_two_token_distribution(target, params, prompt):
     """P(t1, t2 | prompt) under target-only sampling, from the target's own logits."""
     model = target.model
     with torch.no_grad():
-        first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], params)
+        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)
         joint = torch.zeros(VOCAB, VOCAB)
         for t1 in range(VOCAB):
-            second = logits_to_probs(model(torch.tensor([PROMPT + [t1]])).logits[0, -1], params)
+            second = logits_to_probs(model(torch.tensor([prompt + [t1]])).logits[0, -1], params)
             joint[t1] = first[t1] * second
     return joint
 
@@ -48,17 +54,18 @@ def pair():
     return target, draft
 
 
-@pytest.mark.parametrize(("rule", "temperature", "adaptive"), [
-    ("correct", 0.7, False), ("correct", 1.0, False), ("correct", 0.7, True), ("wrong", 0.7, False),
+@pytest.mark.parametrize(("rule", "temperature", "adaptive", "prompt"), [
+    ("correct", 0.7, False, PROMPT), ("correct", 1.0, False, PROMPT), ("correct", 0.7, True, PROMPT),
+    ("wrong", 0.7, False, PROMPT), ("correct", 0.7, False, REPEATING_PROMPT), ("correct", 0.7, False, REPEATS_AFTER_A_DRAFT),
 ])
-def test_two_token_distribution(pair, temperature, rule, adaptive, monkeypatch):
+def test_two_token_distribution(pair, temperature, rule, adaptive, prompt, monkeypatch):
     if rule == "wrong":
         monkeypatch.setattr(verify_module, "verify_sampled", wrong_rule)
     target, draft = pair
     params = SamplingParams(temperature=temperature, top_p=0.9)
-    expected = exact_two_token_distribution(target, params)
+    expected = exact_two_token_distribution(target, params, prompt)
     engine = SpeculativeEngine(target, draft)
-    counts = torch.zeros(VOCAB, VOCAB)
+    counts, looked_up = torch.zeros(VOCAB, VOCAB), 0
     # Well-spread seeds: the first draws of generators seeded 0, 1, 2, ... are not independent
     # enough for this test (seeds 0..2499 gave a total variation twice the noise bound).
     seeds = random.Random(0).sample(range(2**62), N_SAMPLES)
@@ -66,11 +73,14 @@ def test_two_token_distribution(pair, temperature, rule, adaptive, monkeypatch):
         # Three new tokens so the first step drafts k=2 (the budget caps k); the first two are
         # counted. Adaptive: the draft may also stop itself after one unsure token.
         options = GenerationOptions(k=2, adaptive=adaptive, sampling=params, seed=seed, max_new_tokens=3)
-        t1, t2 = [t.id for step in engine.generate(PROMPT, options) for t in step.tokens][:2]
+        steps = list(engine.generate(prompt, options))
+        t1, t2 = [t.id for step in steps for t in step.tokens][:2]
         counts[t1, t2] += 1
+        looked_up += steps[-1].stats.looked_up
     tv = 0.5 * (counts / N_SAMPLES - expected).abs().sum().item()
     # Sampling noise alone: E[TV] ~ 0.5 * sum sqrt(2 p (1-p) / (pi N)); allow twice that.
     noise = 0.5 * sum((2 * p * (1 - p) / (torch.pi * N_SAMPLES)) ** 0.5 for p in expected.flatten().tolist())
+    assert (looked_up > 0) == (prompt != PROMPT)  # the lookup cases did look up
     if rule == "correct":
         assert tv < 2 * noise, f"TV {tv:.3f} vs noise {noise:.3f}"
     else:

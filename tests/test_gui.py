@@ -5,7 +5,7 @@ from PySide6.QtCore import QSettings, Qt
 
 from app.chat.store import ChatStore
 from app.engine.steps import FinishReason
-from app.engine.engine import ProposerKind, SpeculativeEngine
+from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from app.engine.errors import ModelError
 from app.ui.main_window import MainWindow
 from app.ui.theme import LIGHT
@@ -79,7 +79,8 @@ def token_fragments(window):
 
 
 def test_chat_turn_streams_with_provenance_colours(qtbot, make_window):
-    window = make_window(k=3, adaptive=False)  # fixed k: every step drafts, so no plain tokens
+    # fixed k: every step drafts, so no plain tokens; the same-model draft alone: no corrections
+    window = make_window(k=3, adaptive=False, lookup=False)
     steps = []
     window.worker.step.connect(steps.append)
     answer = send_and_wait(qtbot, window)
@@ -121,12 +122,17 @@ def test_k_and_adaptive_reach_the_engine(qtbot, make_window, monkeypatch):
     window = make_window()
     window.controls.adaptive.setChecked(False)
     window.controls.k.setValue(7)
+    window.controls.lookup.setChecked(False)
     answer = send_and_wait(qtbot, window)
-    assert seen[-1].k == 7 and not seen[-1].adaptive
+    assert seen[-1].k == 7 and not seen[-1].adaptive and seen[-1].lookup == 0
     assert max(answer.stats.accepted_lengths) <= 7
     window.controls.adaptive.setChecked(True)
     window.controls.k.setValue(1)
+    window.controls.lookup.setChecked(True)
+    send_and_wait(qtbot, window, "once more")
+    assert seen[-1].lookup == GenerationOptions().lookup > 0
     window.controls.proposer.setCurrentIndex(window.controls.proposer.findData(ProposerKind.PROMPT_LOOKUP))
+    assert not window.controls.lookup.isEnabled()  # prompt lookup has no draft model to spare
     send_and_wait(qtbot, window, "again")
     assert seen[-1].adaptive and seen[-1].k == 1 and seen[-1].proposer is ProposerKind.PROMPT_LOOKUP
 

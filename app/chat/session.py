@@ -35,7 +35,8 @@ class Request:
 def describe(options: GenerationOptions) -> str:
     if not options.speculative:
         return "plain"
-    how = "prompt lookup" if options.proposer is ProposerKind.PROMPT_LOOKUP else "draft model"
+    how = "prompt lookup" if options.proposer is ProposerKind.PROMPT_LOOKUP else \
+        "draft model" + (" + lookup" if options.lookup else "")
     return f"speculative ({how}, {'adaptive k' if options.adaptive else f'k={options.k}'})"
 
 

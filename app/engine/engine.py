@@ -39,12 +39,17 @@ class GenerationOptions:
     sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy
     seed: int = 0
     max_new_tokens: int = 512
+    # A draft model's draft takes up to this many tokens from earlier text where its last three
+    # tokens occurred before (0: never); speed only, see DraftModelProposer.
+    lookup: int = 3
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= 64:
             raise ValueError(f"k must be between 1 and 64, got {self.k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not 0 <= self.lookup <= 64:
+            raise ValueError(f"lookup must be between 0 and 64, got {self.lookup}")
 
 
 class SpeculativeEngine:
@@ -103,5 +108,5 @@ class SpeculativeEngine:
             return PromptLookupProposer()
         if self._draft is None:
             raise ValueError("speculation with a draft model needs a draft model; load one or use prompt lookup")
-        return DraftModelProposer(self._draft, options.sampling, generator, self.draft_vocabulary)
+        return DraftModelProposer(self._draft, options.sampling, generator, self.draft_vocabulary, options.lookup)
 

@@ -67,9 +67,10 @@ def speculative_generate(
             yield Step([], [], stats, finish=FinishReason.CANCELLED)
             return
         # Leave room for the token the target adds, within both limits.
-        k = min(policy.next_k(budget - n_new, proposer.behind()), budget - n_new - 1)
+        room = budget - n_new - 1  # the target adds a token after the draft's
+        k = min(policy.next_k(budget - n_new, proposer.behind()), room)
         draft_start = clock.now()
-        draft = proposer.propose(k, policy.min_confidence) if k > 0 else _EMPTY
+        draft = proposer.propose(k, policy.min_confidence, limit=room)
         draft_tokens = draft.tokens.to(target.device)
         target_start = clock.now()
         step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])
@@ -79,8 +80,9 @@ def speculative_generate(
 
         target.rollback(len(tokens) + n_accepted)
         proposer.commit(n_accepted, next_token)
-        policy.update(len(draft), n_accepted, draft_seconds - draft.catch_up_seconds, target_seconds,
-                      draft.catch_up_tokens, draft.catch_up_seconds)
+        # The policy prices the draft model: tokens looked up in earlier text cost it nothing.
+        policy.update(draft.model_tokens, min(n_accepted, draft.model_tokens), draft_seconds - draft.catch_up_seconds,
+                      target_seconds, draft.catch_up_tokens, draft.catch_up_seconds, n_verified=len(draft) + 1)
 
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
         tokens += [token.id for token in emitted]
@@ -93,13 +95,10 @@ def speculative_generate(
             prompt_share = draft.catch_up_seconds * read / draft.catch_up_tokens
             prompt_unread_by_draft -= read
         stats = stats.after_step(len(draft), n_accepted, len(emitted), draft_seconds - prompt_share, target_seconds,
-                                 prefill_seconds=prompt_share)
+                                 prefill_seconds=prompt_share, looked_up=len(draft) - draft.model_tokens)
         yield Step(emitted, draft.tokens[n_accepted:].tolist(), stats, finish)
         if finish:
             return
-
-
-_EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
 
 
 def _until_stop(emitted: list[EmittedToken], stop_tokens: frozenset[int]) -> tuple[list[EmittedToken], FinishReason | None]:

@@ -13,7 +13,7 @@ class FixedK:
         return self.k
 
     def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0,
-               catch_up_tokens: int = 0, catch_up_seconds: float = 0.0) -> None:
+               catch_up_tokens: int = 0, catch_up_seconds: float = 0.0, n_verified: int | None = None) -> None:
         pass
 
 
@@ -102,9 +102,11 @@ class CostAwareK:
         return self.accepted_weight / (self.accepted_weight + self.rejected_weight)
 
     def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0,
-               catch_up_tokens: int = 0, catch_up_seconds: float = 0.0) -> None:
-        """draft_seconds: drafting alone; the catch-up before it is timed apart."""
-        self.costs.observe(n_drafted, draft_seconds, n_drafted + 1, target_seconds)
+               catch_up_tokens: int = 0, catch_up_seconds: float = 0.0, n_verified: int | None = None) -> None:
+        """n_drafted, n_accepted: the draft model's tokens; draft_seconds: drafting alone (the
+        catch-up before it is timed apart); n_verified: tokens in the target's pass (default
+        n_drafted + 1; more when looked-up tokens joined the draft)."""
+        self.costs.observe(n_drafted, draft_seconds, n_verified or n_drafted + 1, target_seconds)
         self.costs.observe_catch_up(catch_up_tokens, catch_up_seconds)
         if n_drafted:
             self.accepted_weight = self.fading * self.accepted_weight + n_accepted

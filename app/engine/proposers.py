@@ -20,6 +20,9 @@ class Draft:
     # plain steps): a one-off catch-up, not a cost per drafted token.
     catch_up_seconds: float = 0.0
     catch_up_tokens: int = 0
+    # Leading tokens the draft model drafted; the rest were looked up in earlier text. The
+    # draft-length policy learns the model's cost and acceptance from these alone.
+    model_tokens: int = 0
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -28,8 +31,21 @@ class Draft:
 class Proposer(Protocol):
     def begin(self, prompt_ids: list[int]) -> None: ...
     def behind(self) -> int: ...  # committed tokens it must first be fed before it can draft
-    def propose(self, k: int, min_confidence: float = 0.0) -> Draft: ...
+    def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft: ...
     def commit(self, n_accepted: int, next_token: int) -> None: ...
+
+
+def continuation(ids: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the last n tokens of ids
+    (the longest n from max_ngram down to min_ngram that occurred before); [] when none did."""
+    tensor = torch.tensor(ids, dtype=torch.long)
+    for n in range(min(max_ngram, len(ids) - 1), min_ngram - 1, -1):
+        windows = tensor[:-1].unfold(0, n, 1)  # [L-n, n]: every n-gram that has a successor
+        hits = (windows == tensor[-n:]).all(dim=1).nonzero().flatten()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            return ids[start : start + k]
+    return []
 
 
 class _Committed:
@@ -47,18 +63,23 @@ class _Committed:
 
 
 SHORT_CATCH_UP = 8  # committed tokens the draft model takes in with its first draft step
+LOOKUP_NGRAM = 3  # tokens that must repeat before what followed them is proposed
 
 
 class DraftModelProposer(_Committed):
     """A small model drafts autoregressively with its own KV cache."""
 
     def __init__(self, model: CachedModel, params: SamplingParams, generator: torch.Generator | None,
-                 vocabulary: DraftVocabulary | None = None) -> None:
-        """vocabulary: the tokens it may draft (None: all); see draft_vocabulary.py."""
+                 vocabulary: DraftVocabulary | None = None, lookup_tokens: int = 0) -> None:
+        """vocabulary: the tokens it may draft (None: all); see draft_vocabulary.py.
+        lookup_tokens: where the text's last LOOKUP_NGRAM tokens (committed or drafted) occurred
+        before, up to this many tokens that followed them are proposed instead of drafted: free,
+        with no model pass (summaries and answers quote their sources). 0: never."""
         self.model = model
         self.params = params
         self.generator = generator
         self.vocabulary = vocabulary
+        self.lookup_tokens = lookup_tokens
 
     def begin(self, prompt_ids: list[int]) -> None:
         super().begin(prompt_ids)
@@ -66,7 +87,14 @@ class DraftModelProposer(_Committed):
         if self.vocabulary is not None:
             self.vocabulary.reset(prompt_ids)
 
-    def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
+    def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft:
+        """k: tokens the draft model may draft (0: none); limit: tokens in all (default k)."""
+        limit = k if limit is None else limit
+        looked_up = self._looked_up(self.ids, limit)
+        if looked_up:  # the model need not run, nor first be fed what it has not seen
+            return self._draft(torch.tensor(looked_up), None, model_tokens=0)
+        if k == 0:
+            return self._draft(torch.empty(0, dtype=torch.long), None, model_tokens=0)
         # Feed what was committed since the cache last grew: usually the target's last token, after
         # a fully accepted draft also the last draft token; the prompt on the first draft, and the
         # tokens of plain steps after them. A few go with the first draft step (one pass over a
@@ -81,22 +109,41 @@ class DraftModelProposer(_Committed):
             catch_up_seconds = time.perf_counter() - start
             pending = pending[-1:]
         logits = self._logits(pending)
-        choices, probs = [], []  # columns of the logits: token ids, or positions in the vocabulary
+        choices, probs, looked_up = [], [], []  # choices: columns of the logits (token ids, or positions in the vocabulary)
         for i in range(k):
             step_probs = logits_to_probs(logits, self.params)
             choice = sample(step_probs, self.params, self.generator)
             choices.append(choice)
             probs.append(step_probs)
             # The confidence check is the only host sync inside the draft loop.
-            if i == k - 1 or (min_confidence > 0 and float(step_probs[choice]) < min_confidence):
-                break
+            if min_confidence > 0 and float(step_probs[choice]) < min_confidence:
+                break  # unsure here, so the rest would be guesses
+            looked_up = self._looked_up(self.ids + self._token_ids(torch.stack(choices)).tolist(), limit - len(choices))
+            if looked_up or i == k - 1:
+                break  # earlier text continues from here: the rest is looked up, not drafted
             logits = self._logits(self._token_ids(choice.view(1)))
         tokens, probs = self._token_ids(torch.stack(choices)), torch.stack(probs)
         if self.vocabulary is not None:
             probs = self.vocabulary.spread(probs)
-        draft = Draft(tokens, probs, catch_up_seconds, catch_up_tokens)
-        self.last_draft = draft.tokens.tolist()
-        return draft
+        if looked_up:
+            # A looked-up token is drawn from a distribution certain of it: rejection sampling then
+            # accepts it with the target's own probability, so the output stays exact.
+            looked_up_ids = torch.tensor(looked_up)
+            certain = torch.zeros(len(looked_up), probs.shape[-1], dtype=probs.dtype)
+            tokens = torch.cat([tokens, looked_up_ids])
+            probs = torch.cat([probs, certain.scatter_(1, looked_up_ids.view(-1, 1), 1.0).to(probs.device)])
+        return self._draft(tokens, probs, len(choices), catch_up_seconds, catch_up_tokens)
+
+    def _looked_up(self, ids: list[int], limit: int) -> list[int]:
+        """Tokens that followed the last LOOKUP_NGRAM of ids earlier in the text (see __init__)."""
+        if not self.lookup_tokens or limit <= 0:
+            return []
+        return continuation(ids, min(self.lookup_tokens, limit), LOOKUP_NGRAM, LOOKUP_NGRAM)
+
+    def _draft(self, tokens: torch.Tensor, probs: torch.Tensor | None, model_tokens: int,
+               catch_up_seconds: float = 0.0, catch_up_tokens: int = 0) -> Draft:
+        self.last_draft = tokens.tolist()
+        return Draft(tokens, probs, catch_up_seconds, catch_up_tokens, model_tokens)
 
     def _logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
         """Feeds token_ids -> the logits of the last position [V], or [S] over the vocabulary."""
@@ -129,21 +176,13 @@ class PromptLookupProposer(_Committed):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
-        ids = torch.tensor(self.ids, dtype=torch.long)
-        self.last_draft = []
-        for n in range(min(self.max_ngram, len(self.ids) - 1), self.min_ngram - 1, -1):
-            windows = ids[:-1].unfold(0, n, 1)  # [L-n, n]: every n-gram that has a successor
-            hits = (windows == ids[-n:]).all(dim=1).nonzero().flatten()
-            if hits.numel():
-                start = int(hits[-1]) + n
-                self.last_draft = self.ids[start : start + k]
-                break
+    def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft:
+        self.last_draft = continuation(self.ids, k, self.max_ngram, self.min_ngram) if k else []
         return Draft(torch.tensor(self.last_draft, dtype=torch.long), None)
 
 
 class NoProposer(_Committed):
     """Speculation off: nothing is drafted and every token is the target's own."""
 
-    def propose(self, k: int, min_confidence: float = 0.0) -> Draft:
+    def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft:
         return Draft(torch.empty(0, dtype=torch.long), None)

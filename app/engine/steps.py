@@ -44,11 +44,12 @@ class Stats:
     target_seconds: float = 0.0
     prefill_seconds: float = 0.0
     accepted_lengths: tuple[int, ...] = ()  # accepted drafts per step that drafted
+    looked_up: int = 0  # drafted tokens that were looked up in earlier text, not drafted by a model
 
     def after_step(self, n_drafted: int, n_accepted: int, n_emitted: int, draft_seconds: float,
-                   target_seconds: float, prefill_seconds: float = 0.0) -> Stats:
+                   target_seconds: float, prefill_seconds: float = 0.0, looked_up: int = 0) -> Stats:
         return replace(
-            self, drafted=self.drafted + n_drafted, accepted=self.accepted + n_accepted,
+            self, drafted=self.drafted + n_drafted, accepted=self.accepted + n_accepted, looked_up=self.looked_up + looked_up,
             emitted=self.emitted + n_emitted, target_passes=self.target_passes + 1,
             draft_seconds=self.draft_seconds + draft_seconds, target_seconds=self.target_seconds + target_seconds,
             prefill_seconds=self.prefill_seconds + prefill_seconds,

@@ -69,10 +69,16 @@ class ControlsPanel(QTabWidget):
         self.proposer = QComboBox()
         self.proposer.addItem("Draft model", ProposerKind.DRAFT_MODEL)
         self.proposer.addItem("Prompt lookup (n-gram)", ProposerKind.PROMPT_LOOKUP)
+        self.lookup = QCheckBox("Copy repeated text")
+        self.lookup.setChecked(DEFAULTS.lookup > 0)
+        self.lookup.setToolTip(f"Where the last three tokens appeared earlier in the conversation, the draft proposes\n"
+                               f"the {DEFAULTS.lookup} that followed them there instead of drafting them (summaries and\n"
+                               f"answers quote their sources); the answer is the same either way")
         form.addRow(self.speculative)
         form.addRow("Draft length k", self.k)
         form.addRow(self.adaptive)
         form.addRow("Proposer", self.proposer)
+        form.addRow(self.lookup)
 
         sampling = QWidget()
         form = QFormLayout(sampling)
@@ -104,12 +110,14 @@ class ControlsPanel(QTabWidget):
         self.draft_precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.add_model.clicked.connect(self.add_model_requested.emit)
         self.speculative.toggled.connect(self._update_enabled)
+        self.proposer.currentIndexChanged.connect(lambda _: self._update_enabled())
         self._update_enabled()
 
     def _update_enabled(self) -> None:
         on = self.speculative.isChecked()
         for widget in (self.k, self.adaptive, self.proposer):
             widget.setEnabled(on)
+        self.lookup.setEnabled(on and self.proposer.currentData() == ProposerKind.DRAFT_MODEL)
 
     def generation_options(self) -> GenerationOptions:
         return GenerationOptions(
@@ -120,6 +128,7 @@ class ControlsPanel(QTabWidget):
             sampling=SamplingParams(temperature=self.temperature.value(), top_p=self.top_p.value()),
             seed=self.seed.value(),
             max_new_tokens=self.max_new_tokens.value(),
+            lookup=DEFAULTS.lookup if self.lookup.isChecked() else 0,
         )
 
     def load_options(self) -> LoadOptions:

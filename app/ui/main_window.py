@@ -195,6 +195,7 @@ class MainWindow(QMainWindow):
         c.speculative.setChecked(s.value("speculative", c.speculative.isChecked(), bool))
         c.k.setValue(s.value("k", c.k.value(), int))
         c.adaptive.setChecked(s.value("adaptive", c.adaptive.isChecked(), bool))
+        c.lookup.setChecked(s.value("lookup", c.lookup.isChecked(), bool))
         proposer = ProposerKind(s.value("proposer", ProposerKind(c.proposer.currentData()).value))
         c.proposer.setCurrentIndex(max(c.proposer.findData(proposer), 0))
         c.temperature.setValue(s.value("temperature", c.temperature.value(), float))
@@ -211,6 +212,7 @@ class MainWindow(QMainWindow):
         for key, value in [("target", c.target_source()), ("draft", c.draft_source()),
                            ("precision", c.precision.currentData()), ("draft_precision", c.draft_precision.currentData()),
                            ("speculative", options.speculative), ("k", options.k), ("adaptive", options.adaptive),
+                           ("lookup", c.lookup.isChecked()),
                            ("proposer", options.proposer.value), ("temperature", options.sampling.temperature),
                            ("top_p", options.sampling.top_p), ("max_new_tokens", options.max_new_tokens),
                            ("seed", options.seed), ("colouring", self.colouring.isChecked()),

@@ -1,0 +1,92 @@
+"""A draft model's draft extended by tokens looked up in earlier text: free drafts, same output."""
+import pytest
+import torch
+
+from app.engine.cached_model import cached
+from app.engine.engine import SpeculativeEngine
+from app.engine.loop import Limits, speculative_generate
+from app.engine.policy import FixedK
+from app.engine.proposers import DraftModelProposer, continuation
+from app.engine.sampling import SamplingParams
+from app.engine.steps import Stats
+from tests.helpers import all_steps, generated_ids
+
+N_NEW = 48
+
+
+def test_continuation_follows_the_latest_earlier_occurrence():
+    ids = [5, 6, 7, 1, 2, 5, 6, 7, 8, 9, 5, 6, 7]
+    assert continuation(ids, 3, max_ngram=3, min_ngram=3) == [8, 9, 5]  # not [1, 2, 5]
+    assert continuation(ids, 9, max_ngram=3, min_ngram=3) == [8, 9, 5, 6, 7]  # up to the end
+    assert continuation([5, 6, 7, 1, 2, 3], 3, max_ngram=3, min_ngram=3) == []
+    assert continuation([5, 6, 7, 1, 2, 3, 7], 2, max_ngram=3, min_ngram=1) == [1, 2]
+
+
+def test_a_repeated_ngram_is_proposed_without_running_the_model(tiny_target):
+    proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3)
+    proposer.begin([20, 21, 22, 23, 24, 25, 20, 21, 22])
+    draft = proposer.propose(4, limit=6)
+    assert draft.tokens.tolist() == [23, 24, 25] and draft.probs is None and draft.model_tokens == 0
+    assert proposer.model.length == 0  # the draft model was not run, nor fed the prompt
+    assert proposer.propose(4, limit=2).tokens.tolist() == [23, 24]  # the budget caps it
+    assert proposer.propose(0, limit=2).tokens.tolist() == [23, 24]  # even when the policy drafts nothing
+
+
+def test_drafted_tokens_that_repeat_earlier_text_are_continued_from_it(tiny_target):
+    """The draft model's token completes an n-gram seen before: what followed it there is
+    appended, each with a distribution certain of it (so rejection sampling stays exact)."""
+    model = cached(tiny_target.model)
+    vocab = tiny_target.model.config.vocab_size
+    for token in range(vocab):  # a prompt whose next greedy token is `token` and repeats "20 21 token"
+        prompt = [20, 21, token, 50, 51, 20, 21]
+        model.reset()
+        if int(model.forward(torch.tensor(prompt), keep=1)[0].argmax()) == token:
+            break
+    else:
+        pytest.fail("no prompt of this form continues the repeat")
+    proposer = DraftModelProposer(model, SamplingParams(), None, lookup_tokens=3)
+    proposer.begin(prompt)
+    draft = proposer.propose(4, limit=8)
+    assert draft.tokens.tolist() == [token, 50, 51, 20] and draft.model_tokens == 1
+    assert proposer.model.length == len(prompt)  # one model pass: the drafted token is not fed yet
+    certain = torch.zeros(3, draft.probs.shape[-1]).scatter_(1, torch.tensor([[50], [51], [20]]), 1.0)
+    assert torch.equal(draft.probs[1:], certain)
+    assert int(draft.probs[0].argmax()) == token and draft.probs[0].max() < 1
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("draft_name", ["same", "unrelated"])
+def test_lookup_gives_target_output(tiny_target, tiny_draft, draft_name, k):
+    engine = SpeculativeEngine(tiny_target, tiny_target if draft_name == "same" else tiny_draft)
+    looked_up = 0
+    for prompt in ([1, 2, 3, 4, 5], [10, 11, 12, 10, 11, 12, 10, 11], list(range(30, 60)) + list(range(30, 40))):
+        plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW)
+        for adaptive in (False, True):
+            steps = all_steps(engine, prompt, k=k, adaptive=adaptive, lookup=3, max_new_tokens=N_NEW)
+            assert [t.id for s in steps for t in s.tokens] == plain
+            looked_up += steps[-1].stats.looked_up
+    assert looked_up > 0
+
+
+class RecordingK(FixedK):
+    def update(self, n_drafted, n_accepted, draft_seconds=0.0, target_seconds=0.0, catch_up_tokens=0,
+               catch_up_seconds=0.0, n_verified=None):
+        self.seen.append((n_drafted, n_accepted, n_verified))
+
+
+def test_the_policy_learns_only_from_the_draft_models_tokens(tiny_target):
+    """Looked-up tokens cost no model pass and say nothing about the draft model: the policy
+    hears of the model's tokens (drafted, accepted) apart from the size of the target's pass."""
+    policy = RecordingK(k=3)
+    policy.seen = []
+    proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3)
+    prompt = list(range(30, 60)) + list(range(30, 40))
+    steps = list(speculative_generate(cached(tiny_target.model), proposer, policy, prompt, SamplingParams(),
+                                      Limits(max_new_tokens=40, context_length=256)))
+    before = Stats()
+    for step, (n_drafted, n_accepted, n_verified) in zip(steps, policy.seen, strict=True):
+        drafted, looked_up = step.stats.drafted - before.drafted, step.stats.looked_up - before.looked_up
+        assert n_verified == drafted + 1 and n_drafted == drafted - looked_up
+        assert n_accepted == min(step.stats.accepted - before.accepted, n_drafted)
+        before = step.stats
+    assert steps[-1].stats.looked_up > 0 and any(n for n, _, _ in policy.seen)
