@@ -6,7 +6,7 @@ from app.engine.cached_model import cached
 from app.engine.engine import SpeculativeEngine
 from app.engine.loop import Limits, speculative_generate
 from app.engine.policy import FixedK
-from app.engine.proposers import DraftModelProposer, continuation
+from app.engine.proposers import DraftModelProposer, PromptLookupProposer, continuation
 from app.engine.sampling import SamplingParams
 from app.engine.steps import Stats
 from tests.helpers import all_steps, generated_ids
@@ -26,7 +26,7 @@ def test_a_repeated_ngram_is_proposed_without_running_the_model(tiny_target):
     proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3)
     proposer.begin([20, 21, 22, 23, 24, 25, 20, 21, 22])
     draft = proposer.propose(4, limit=6)
-    assert draft.tokens.tolist() == [23, 24, 25] and draft.probs is None and draft.model_tokens == 0
+    assert draft.tokens.tolist() == [23, 24, 25] and draft.probs is None and draft.own == 0
     assert proposer.model.length == 0  # the draft model was not run, nor fed the prompt
     assert proposer.propose(4, limit=2).tokens.tolist() == [23, 24]  # the budget caps it
     assert proposer.propose(0, limit=2).tokens.tolist() == [23, 24]  # even when the policy drafts nothing
@@ -47,7 +47,7 @@ def test_drafted_tokens_that_repeat_earlier_text_are_continued_from_it(tiny_targ
     proposer = DraftModelProposer(model, SamplingParams(), None, lookup_tokens=3)
     proposer.begin(prompt)
     draft = proposer.propose(4, limit=8)
-    assert draft.tokens.tolist() == [token, 50, 51, 20] and draft.model_tokens == 1
+    assert draft.tokens.tolist() == [token, 50, 51, 20] and draft.own == 1
     assert proposer.model.length == len(prompt)  # one model pass: the drafted token is not fed yet
     certain = torch.zeros(3, draft.probs.shape[-1]).scatter_(1, torch.tensor([[50], [51], [20]]), 1.0)
     assert torch.equal(draft.probs[1:], certain)
@@ -90,3 +90,11 @@ def test_the_policy_learns_only_from_the_draft_models_tokens(tiny_target):
         assert n_accepted == min(step.stats.accepted - before.accepted, n_drafted)
         before = step.stats
     assert steps[-1].stats.looked_up > 0 and any(n for n, _, _ in policy.seen)
+
+
+def test_a_prompt_lookup_proposers_tokens_are_its_own():
+    """With prompt lookup as the proposer, its tokens are what the policy's k governs."""
+    proposer = PromptLookupProposer()
+    proposer.begin([5, 6, 7, 8, 5, 6])
+    draft = proposer.propose(2)
+    assert draft.tokens.tolist() == [7, 8] and draft.own == 2

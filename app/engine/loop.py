@@ -80,8 +80,8 @@ def speculative_generate(
 
         target.rollback(len(tokens) + n_accepted)
         proposer.commit(n_accepted, next_token)
-        # The policy prices the draft model: tokens looked up in earlier text cost it nothing.
-        policy.update(draft.model_tokens, min(n_accepted, draft.model_tokens), draft_seconds - draft.catch_up_seconds,
+        # The policy prices the proposer's own tokens: those looked up on top cost it nothing.
+        policy.update(draft.own, min(n_accepted, draft.own), draft_seconds - draft.catch_up_seconds,
                       target_seconds, draft.catch_up_tokens, draft.catch_up_seconds, n_verified=len(draft) + 1)
 
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
@@ -95,7 +95,7 @@ def speculative_generate(
             prompt_share = draft.catch_up_seconds * read / draft.catch_up_tokens
             prompt_unread_by_draft -= read
         stats = stats.after_step(len(draft), n_accepted, len(emitted), draft_seconds - prompt_share, target_seconds,
-                                 prefill_seconds=prompt_share, looked_up=len(draft) - draft.model_tokens)
+                                 prefill_seconds=prompt_share, looked_up=draft.looked_up)
         yield Step(emitted, draft.tokens[n_accepted:].tolist(), stats, finish)
         if finish:
             return

@@ -20,12 +20,16 @@ class Draft:
     # plain steps): a one-off catch-up, not a cost per drafted token.
     catch_up_seconds: float = 0.0
     catch_up_tokens: int = 0
-    # Leading tokens the draft model drafted; the rest were looked up in earlier text. The
-    # draft-length policy learns the model's cost and acceptance from these alone.
-    model_tokens: int = 0
+    # Trailing tokens looked up in earlier text on top of the proposer's own (which it drafted at
+    # the policy's k); the policy learns the proposer's cost and acceptance from its own alone.
+    looked_up: int = 0
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
+
+    @property
+    def own(self) -> int:
+        return len(self) - self.looked_up
 
 
 class Proposer(Protocol):
@@ -92,9 +96,9 @@ class DraftModelProposer(_Committed):
         limit = k if limit is None else limit
         looked_up = self._looked_up(self.ids, limit)
         if looked_up:  # the model need not run, nor first be fed what it has not seen
-            return self._draft(torch.tensor(looked_up), None, model_tokens=0)
+            return self._draft(torch.tensor(looked_up), None, looked_up=len(looked_up))
         if k == 0:
-            return self._draft(torch.empty(0, dtype=torch.long), None, model_tokens=0)
+            return self._draft(torch.empty(0, dtype=torch.long), None)
         # Feed what was committed since the cache last grew: usually the target's last token, after
         # a fully accepted draft also the last draft token; the prompt on the first draft, and the
         # tokens of plain steps after them. A few go with the first draft step (one pass over a
@@ -132,7 +136,7 @@ class DraftModelProposer(_Committed):
             certain = torch.zeros(len(looked_up), probs.shape[-1], dtype=probs.dtype)
             tokens = torch.cat([tokens, looked_up_ids])
             probs = torch.cat([probs, certain.scatter_(1, looked_up_ids.view(-1, 1), 1.0).to(probs.device)])
-        return self._draft(tokens, probs, len(choices), catch_up_seconds, catch_up_tokens)
+        return self._draft(tokens, probs, len(looked_up), catch_up_seconds, catch_up_tokens)
 
     def _looked_up(self, ids: list[int], limit: int) -> list[int]:
         """Tokens that followed the last LOOKUP_NGRAM of ids earlier in the text (see __init__)."""
@@ -140,10 +144,10 @@ class DraftModelProposer(_Committed):
             return []
         return continuation(ids, min(self.lookup_tokens, limit), LOOKUP_NGRAM, LOOKUP_NGRAM)
 
-    def _draft(self, tokens: torch.Tensor, probs: torch.Tensor | None, model_tokens: int,
+    def _draft(self, tokens: torch.Tensor, probs: torch.Tensor | None, looked_up: int = 0,
                catch_up_seconds: float = 0.0, catch_up_tokens: int = 0) -> Draft:
         self.last_draft = tokens.tolist()
-        return Draft(tokens, probs, catch_up_seconds, catch_up_tokens, model_tokens)
+        return Draft(tokens, probs, catch_up_seconds, catch_up_tokens, looked_up)
 
     def _logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
         """Feeds token_ids -> the logits of the last position [V], or [S] over the vocabulary."""
