@@ -57,7 +57,7 @@ def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: Generati
         text = tokenizer.decode(token_ids[mode], skip_special_tokens=True)
         stats = steps[-1].stats
         record[mode] = {"tokens": len(token_ids[mode]), "seconds": round(seconds, 3), "score": task.score(text, row),
-                        "text": text, "drafted": stats.drafted, "accepted": stats.accepted,
+                        "text": text, "drafted": stats.drafted, "accepted": stats.accepted, "looked_up": stats.looked_up,
                         "target_passes": stats.target_passes, "accepted_lengths": stats.accepted_lengths}
     if len(token_ids) == 2:
         record["identical"] = token_ids["plain"] == token_ids["speculative"]

@@ -60,6 +60,7 @@ class ModeTotals:
             out["mean_accepted_length"] = round(
                 sum(s.emitted for s in self.stats) / sum(s.target_passes for s in self.stats), 3
             )
+            out["looked_up"] = sum(s.looked_up for s in self.stats)  # of the drafted tokens
             out["draft_seconds"] = round(sum(s.draft_seconds for s in self.stats), 3)
             out["target_seconds"] = round(sum(s.target_seconds for s in self.stats), 3)
         return out

@@ -103,7 +103,7 @@ class CostAwareK:
 
     def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0,
                catch_up_tokens: int = 0, catch_up_seconds: float = 0.0, n_verified: int | None = None) -> None:
-        """n_drafted, n_accepted: the draft model's tokens; draft_seconds: drafting alone (the
+        """n_drafted, n_accepted: the proposer's own tokens; draft_seconds: drafting alone (the
         catch-up before it is timed apart); n_verified: tokens in the target's pass (default
         n_drafted + 1; more when looked-up tokens joined the draft)."""
         self.costs.observe(n_drafted, draft_seconds, n_verified or n_drafted + 1, target_seconds)
