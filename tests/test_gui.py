@@ -106,6 +106,18 @@ def test_corrections_are_coloured_and_explained(qtbot, make_window):
     assert "replaced draft token" in token_tooltip(corrected[0])
 
 
+def test_copied_tokens_say_so(qtbot, make_window):
+    """With copying on, the tooltip of a copied token and the acceptance view say what was copied."""
+    from app.ui.chat_view import token_tooltip
+    window = make_window(k=3, adaptive=False, lookup=True, max_new_tokens=64)
+    answer = send_and_wait(qtbot, window, "one two three four five one two three four five one two three")
+    copied = [t for t in answer.tokens if t.copied]
+    assert copied and answer.stats.looked_up >= len([t for t in copied if t.source == "accepted"])
+    assert all(t.p_draft is None for t in copied if t.source == "accepted")
+    assert "copied from earlier text" in token_tooltip(copied[0])
+    assert f"{answer.stats.looked_up} copied" in window.acceptance.fields["acceptance"].text()
+
+
 def test_speculation_off_gives_only_plain_tokens(qtbot, make_window):
     window = make_window()
     window.controls.speculative.setChecked(False)

@@ -8,7 +8,7 @@ from app.engine.loop import Limits, speculative_generate
 from app.engine.policy import FixedK
 from app.engine.proposers import DraftModelProposer, PromptLookupProposer, continuation
 from app.engine.sampling import SamplingParams
-from app.engine.steps import Stats
+from app.engine.steps import Source, Stats
 from tests.helpers import all_steps, generated_ids
 
 N_NEW = 48
@@ -98,3 +98,14 @@ def test_a_prompt_lookup_proposers_tokens_are_its_own():
     proposer.begin([5, 6, 7, 8, 5, 6])
     draft = proposer.propose(2)
     assert draft.tokens.tolist() == [7, 8] and draft.own == 2
+
+
+def test_copied_tokens_are_marked_and_have_no_draft_probability(tiny_target):
+    engine = SpeculativeEngine(tiny_target, tiny_target)
+    prompt = list(range(30, 60)) + list(range(30, 40))
+    tokens = [t for s in all_steps(engine, prompt, k=3, lookup=3, max_new_tokens=N_NEW) for t in s.tokens]
+    copied = [t for t in tokens if t.copied]
+    drafted = [t for t in tokens if t.source is Source.ACCEPTED and not t.copied]
+    assert copied and drafted
+    assert all(t.p_draft is None for t in copied if t.source is Source.ACCEPTED)
+    assert all(t.p_draft is not None for t in drafted)

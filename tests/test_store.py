@@ -14,9 +14,10 @@ from app.chat.store import ChatStore, StoreError
 
 
 def answer(text="Hello world", stats=None):
-    tokens = [TokenRecord("Hello", "accepted", 0.9, 0.8), TokenRecord(" world", "corrected", 0.7, 0.1, replaced=" there")]
+    tokens = [TokenRecord("Hello", "accepted", 0.9, None, copied=True),
+              TokenRecord(" world", "corrected", 0.7, 0.1, replaced=" there")]
     return Message("assistant", text, tokens, stats or AnswerStats(mode="speculative", tokens=2, seconds=0.5,
-                                                                    drafted=2, accepted=1, target_passes=1))
+                                                                    drafted=2, accepted=1, target_passes=1, looked_up=1))
 
 
 def test_round_trip_search_rename_delete(tmp_path):
@@ -32,6 +33,7 @@ def test_round_trip_search_rename_delete(tmp_path):
     loaded = store.load_chat(chat.id)
     assert [m.role for m in loaded.messages] == ["user", "assistant"]
     assert loaded.messages[1].tokens[1].replaced == " there"
+    assert [t.copied for t in loaded.messages[1].tokens] == [True, False] and loaded.messages[1].stats.looked_up == 1
     assert [row[1] for row in store.list_chats("hello")] == ["Greetings"]
     store.rename_chat(chat.id, "Hi")
     assert {row[1] for row in store.list_chats()} == {"Hi", "Maths"}

@@ -31,7 +31,7 @@ class AnswerBuilder:
         for token in step.tokens:
             piece = self.decoder.push(token.id)
             record = TokenRecord(piece, token.source, round(token.p_target, 4),
-                                 None if token.p_draft is None else round(token.p_draft, 4))
+                                 None if token.p_draft is None else round(token.p_draft, 4), copied=token.copied)
             if token.source is Source.CORRECTED:
                 record.replaced = self._text([token.replaced])
                 record.rejected = self._text(step.rejected)
@@ -51,7 +51,7 @@ class AnswerBuilder:
             old, tokens=stats.emitted, seconds=round(seconds, 3),
             first_token_seconds=old.first_token_seconds if old.first_token_seconds is not None or not stats.emitted
             else round(seconds, 3),
-            drafted=stats.drafted, accepted=stats.accepted, target_passes=stats.target_passes,
+            drafted=stats.drafted, accepted=stats.accepted, looked_up=stats.looked_up, target_passes=stats.target_passes,
             draft_seconds=round(stats.draft_seconds, 3), target_seconds=round(stats.target_seconds, 3),
             accepted_lengths=stats.accepted_lengths,
             acceptance_trace=old.acceptance_trace + ((round(stats.acceptance_rate, 4),) if stats.drafted else ()),

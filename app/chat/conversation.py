@@ -17,6 +17,7 @@ class TokenRecord:
     p_draft: float | None = None
     replaced: str | None = None  # text of the draft token a corrected token replaced
     rejected: str = ""  # text of the draft tokens rejected at this position (ghost text)
+    copied: bool = False  # the draft token here was copied from earlier text, not drafted by a model
 
     def __post_init__(self) -> None:
         self.source = Source(self.source)  # saved chats hold the word
@@ -60,6 +61,7 @@ class AnswerStats:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     accepted_lengths: tuple[int, ...] = ()
+    looked_up: int = 0  # drafted tokens copied from earlier text
     acceptance_trace: tuple[float, ...] = ()  # running acceptance rate after each drafting step
     finish: FinishReason | None = None
     token_ids: tuple[int, ...] = ()

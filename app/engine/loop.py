@@ -117,16 +117,16 @@ def _provenance(draft: Draft, n_accepted: int, next_token: int, target_probs: to
     p_target = target_probs[positions, id_tensor].tolist()
     p_draft = [None] * len(ids)
     if draft.probs is not None:
-        rows = min(len(ids), len(draft))
+        rows = min(len(ids), draft.own)  # a copied token's certain "distribution" is no model's
         p_draft[:rows] = draft.probs[positions[:rows], id_tensor[:rows]].tolist()
+    copied = [i >= draft.own for i in range(len(ids))]
 
-    out = [EmittedToken(t, Source.ACCEPTED, p, q) for t, p, q in zip(ids[:-1], p_target, p_draft)]
+    out = [EmittedToken(t, Source.ACCEPTED, p, q, copied=c) for t, p, q, c in zip(ids[:-1], p_target, p_draft, copied)]
     if len(draft) == 0:
         out.append(EmittedToken(next_token, Source.PLAIN, p_target[-1]))
     elif n_accepted < len(draft):
-        out.append(
-            EmittedToken(next_token, Source.CORRECTED, p_target[-1], p_draft[-1], replaced=int(draft.tokens[n_accepted]))
-        )
+        out.append(EmittedToken(next_token, Source.CORRECTED, p_target[-1], p_draft[-1],
+                                replaced=int(draft.tokens[n_accepted]), copied=copied[-1]))
     else:
         out.append(EmittedToken(next_token, Source.BONUS, p_target[-1]))
     return out

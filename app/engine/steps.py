@@ -19,6 +19,9 @@ class EmittedToken:
     p_target: float  # target probability of this token
     p_draft: float | None = None  # draft probability of this token (None: no draft model)
     replaced: int | None = None  # for a corrected token: the draft token it replaced
+    # The draft token here (accepted, or replaced by a correction) was copied from earlier text,
+    # not drafted by a model; p_draft is then None.
+    copied: bool = False
 
 
 class FinishReason(str, Enum):

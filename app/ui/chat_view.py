@@ -26,7 +26,9 @@ def token_tooltip(token: TokenRecord) -> str:
     if token.p_draft is not None:
         lines.append(f"p_draft {token.p_draft:.3f}")
     if token.replaced is not None:
-        lines.append(f"replaced draft token {token.replaced!r}")
+        lines.append(f"replaced draft token {token.replaced!r}" + (", copied from earlier text" if token.copied else ""))
+    elif token.copied:
+        lines.append("copied from earlier text (no draft model pass)")
     return "<br>".join(lines)
 
 
