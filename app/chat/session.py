@@ -36,7 +36,7 @@ def describe(options: GenerationOptions) -> str:
     if not options.speculative:
         return "plain"
     how = "prompt lookup" if options.proposer is ProposerKind.PROMPT_LOOKUP else \
-        "draft model" + (" + lookup" if options.lookup else "")
+        "draft model" + (" + copying" if options.lookup else "")
     return f"speculative ({how}, {'adaptive k' if options.adaptive else f'k={options.k}'})"
 
 

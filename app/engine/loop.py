@@ -67,7 +67,7 @@ def speculative_generate(
             yield Step([], [], stats, finish=FinishReason.CANCELLED)
             return
         # Leave room for the token the target adds, within both limits.
-        room = budget - n_new - 1  # the target adds a token after the draft's
+        room = budget - n_new - 1
         k = min(policy.next_k(budget - n_new, proposer.behind()), room)
         draft_start = clock.now()
         draft = proposer.propose(k, policy.min_confidence, limit=room)
