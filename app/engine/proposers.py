@@ -113,20 +113,21 @@ class DraftModelProposer(_Committed):
             catch_up_seconds = time.perf_counter() - start
             pending = pending[-1:]
         logits = self._logits(pending)
-        choices, probs, looked_up = [], [], []  # choices: columns of the logits (token ids, or positions in the vocabulary)
+        drafted, probs, looked_up = [], [], []  # drafted: token ids [1] each
         for i in range(k):
             step_probs = logits_to_probs(logits, self.params)
-            choice = sample(step_probs, self.params, self.generator)
-            choices.append(choice)
+            choice = sample(step_probs, self.params, self.generator)  # a column of the logits
+            drafted.append(self._token_ids(choice.view(1)))
             probs.append(step_probs)
             # The confidence check is the only host sync inside the draft loop.
             if min_confidence > 0 and float(step_probs[choice]) < min_confidence:
                 break  # unsure here, so the rest would be guesses
-            looked_up = self._looked_up(self.ids + self._token_ids(torch.stack(choices)).tolist(), limit - len(choices))
+            if self.lookup_tokens:
+                looked_up = self._looked_up(self.ids + torch.cat(drafted).tolist(), limit - len(drafted))
             if looked_up or i == k - 1:
                 break  # earlier text continues from here: the rest is looked up, not drafted
-            logits = self._logits(self._token_ids(choice.view(1)))
-        tokens, probs = self._token_ids(torch.stack(choices)), torch.stack(probs)
+            logits = self._logits(drafted[-1])
+        tokens, probs = torch.cat(drafted), torch.stack(probs)
         if self.vocabulary is not None:
             probs = self.vocabulary.spread(probs)
         if looked_up:

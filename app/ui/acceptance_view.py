@@ -118,9 +118,9 @@ class AcceptanceView(QWidget):
         if not stats:
             return
         self.fields["mode"].setText(stats.mode)
+        copied = f", {stats.looked_up} copied" if stats.looked_up else ""
         self.fields["acceptance"].setText(
-            f"{stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted}"
-            f"{f', {stats.looked_up} copied' if stats.looked_up else ''})" if stats.drafted else "– (nothing drafted)")
+            f"{stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted}{copied})" if stats.drafted else "– (nothing drafted)")
         self.fields["length"].setText(f"{stats.mean_accepted_length:.2f} tokens per target pass")
         self.fields["speed"].setText(f"{stats.tokens_per_s:.2f} tokens/s ({stats.tokens} tokens)")
         self.fields["time"].setText(f"{stats.draft_seconds:.1f} s / {stats.target_seconds:.1f} s")

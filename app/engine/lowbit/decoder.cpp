@@ -20,6 +20,11 @@
 
 namespace {
 
+inline __mmask16 lanes(int64_t remaining) {
+  if (remaining <= 0) return 0;
+  return remaining >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1);
+}
+
 // Adds bias [width] to every row of out [n, width] in place.
 void add_bias(at::Tensor& out, const at::Tensor& bias) {
   const int64_t n = out.size(0), width = out.size(1);
@@ -27,7 +32,7 @@ void add_bias(at::Tensor& out, const at::Tensor& bias) {
   const float* b = bias.data_ptr<float>();
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t c = 0; c < width; c += 16) {
-      const __mmask16 m = c + 16 <= width ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (width - c)) - 1);
+      const __mmask16 m = lanes(width - c);
       float* at = dst + r * width + c;
       _mm512_mask_storeu_ps(at, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, at), _mm512_maskz_loadu_ps(m, b + c)));
     }
@@ -36,7 +41,7 @@ void add_bias(at::Tensor& out, const at::Tensor& bias) {
 
 // x [n, K] -> the concatenated outputs of `parts` [n, sum of out_features], biases added.
 at::Tensor project(const at::Tensor& x, const std::vector<Projection>& parts) {
-  if (parts.size() == 1 && parts[0].q.size(0) * 16 == parts[0].out_features) {
+  if (parts.size() == 1 && parts[0].q.size(0) * 16 == parts[0].out_features) {  // 16 outputs per tile
     // One projection with no padding rows: its output is the result (copying it out, one value
     // at a time, had cost about 1.5 ms per pass per row verified on the default target).
     at::Tensor out = linear(x, parts[0].q, parts[0].scale, parts[0].min, parts[0].scale_step, parts[0].min_step,
@@ -77,11 +82,6 @@ void rotate(float* x, int64_t heads, int64_t head_dim, const float* cos, const f
       v[i + half] = second * cos[i + half] + first * sin[i + half];
     }
   }
-}
-
-inline __mmask16 lanes(int64_t remaining) {
-  if (remaining <= 0) return 0;
-  return remaining >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1);
 }
 
 // e^x for x <= 0 (scores minus their maximum): 2^(x log2 e) split into an integer power and a
