@@ -186,8 +186,8 @@ def test_a_float_folder_loads_quantized_on_request(tmp_path, tiny_target):
 
 @pytest.mark.parametrize("hidden", [32, 64])  # 64: q/k/v and gate/up fuse into one call each
 def test_lean_decoder_matches_transformers_forward(hidden):
-    """The lean pass runs the same modules as transformers' forward, cache and rollback included,
-    over a context longer than the native attention's blocks of 64 keys."""
+    """The lean pass runs the same modules as transformers' forward, cache, its growth and rollback
+    included, over a context longer than the native attention's blocks of 64 keys."""
     from app.engine.cached_model import CachedModel, cached
     from app.engine.lean_decoder import LeanDecoder
 
@@ -202,7 +202,9 @@ def test_lean_decoder_matches_transformers_forward(hidden):
     assert all(fused is not None for fused in lean.qkv + lean.gate_up) == (hidden == 64)
     for model in (lean, reference):
         model.forward(torch.arange(4, 150) % 96, keep=1)
-    steps = [(torch.tensor([23, 42, 7]), 3), (torch.tensor([9]), 1), (torch.tensor([1, 2, 3, 4, 5, 6]), 6)]
+    # the last step outgrows the cache's first 256 positions: the cache is copied into a larger one
+    steps = [(torch.tensor([23, 42, 7]), 3), (torch.tensor([9]), 1), (torch.tensor([1, 2, 3, 4, 5, 6]), 6),
+             (torch.arange(120) % 96, 2)]
     for tokens, keep in steps:
         lean_logits, reference_logits = lean.forward(tokens, keep), reference.forward(tokens, keep)
         assert torch.allclose(lean_logits, reference_logits, atol=1e-4, rtol=1e-4)
@@ -225,25 +227,27 @@ def test_native_swiglu_matches_torch(inner):
 
 
 @pytest.mark.parametrize("head_dim", [16, 80, 128])
-def test_native_attention_matches_scaled_dot_product_attention(head_dim):
-    """The layer stack's attention (keys stored transposed, 64 keys and 64 components at a time,
-    tails masked) against torch's, row by row, and bit-identical alone or in a batch."""
+@pytest.mark.parametrize("heads", [2, 6, 14])  # query heads per kv head: 1, 3, 7 (taken up to 4 at a time)
+def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads):
+    """The layer stack's attention (keys in transposed blocks of 64, a kv head's query heads up to
+    4 at a time, 64 components at a time, tails masked) against torch's, row by row, and
+    bit-identical alone or in a batch."""
     module = kernel.native()
     if module is None:
         pytest.skip(f"no native kernel here: {kernel.why_not_native()}")
-    heads, kv_heads, start, n, capacity = 6, 2, 150, 5, 200
-    generator = torch.Generator().manual_seed(head_dim)
+    kv_heads, start, n, capacity = 2, 150, 5, 192
+    generator = torch.Generator().manual_seed(head_dim + heads)
     queries = torch.randn(n, heads, head_dim, generator=generator)
     keys, values = torch.randn(2, kv_heads, capacity, head_dim, generator=generator)
-    keys_t, scale = keys.transpose(1, 2), head_dim**-0.5
-    together = module.attention(queries, keys_t, values, start, scale)
+    scale = head_dim**-0.5
+    together = module.attention(queries, keys, values, start, scale)
     for r in range(n):
         length = start + r + 1
         expected = F.scaled_dot_product_attention(
             queries[r][:, None], keys[:, :length].repeat_interleave(heads // kv_heads, 0),
             values[:, :length].repeat_interleave(heads // kv_heads, 0), scale=scale)[:, 0]
         assert torch.allclose(together[r], expected, atol=1e-5, rtol=1e-4)
-        assert torch.equal(together[r], module.attention(queries[r : r + 1], keys_t, values, start + r, scale)[0])
+        assert torch.equal(together[r], module.attention(queries[r : r + 1], keys, values, start + r, scale)[0])
 
 
 def test_verified_rows_equal_rows_decoded_alone():

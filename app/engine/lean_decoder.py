@@ -39,8 +39,11 @@ class LeanDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.qkv, self.gate_up = fused_projections(model)
         self.stack = native_stack(model)  # None: the Python loop runs the layers
-        # Keys are stored transposed: the native attention reads 16 keys' component d at once.
-        self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, head_dim, capacity]
+        # Keys are stored transposed, in blocks for the native stack: its attention reads 16 keys'
+        # component d at once, and a block's keys lie together in memory.
+        self.key_block = kernel.native().KEY_BLOCK if self.stack is not None else None
+        # per layer [1, kv_heads, head_dim, capacity], or [1, kv_heads, capacity / key_block, head_dim, key_block]
+        self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.reset()
 
@@ -57,10 +60,18 @@ class LeanDecoder:
             return
         capacity = max(needed, 2 * capacity, 256)
         layers = len(self.model.model.layers)
-        keys = [torch.zeros(1, self.kv_heads, self.head_dim, capacity, device=self.device) for _ in range(layers)]
+        if self.key_block:
+            capacity = -(-capacity // self.key_block) * self.key_block
+            key_shape = (1, self.kv_heads, capacity // self.key_block, self.head_dim, self.key_block)
+        else:
+            key_shape = (1, self.kv_heads, self.head_dim, capacity)
+        keys = [torch.zeros(key_shape, device=self.device) for _ in range(layers)]
         values = [torch.zeros(1, self.kv_heads, capacity, self.head_dim, device=self.device) for _ in range(layers)]
         for old, new in zip(self.keys, keys):
-            new[..., : self.length] = old[..., : self.length]
+            if self.key_block:
+                new[:, :, : old.shape[2]] = old
+            else:
+                new[..., : self.length] = old[..., : self.length]
         for old, new in zip(self.values, values):
             new[:, :, : self.length] = old[:, :, : self.length]
         self.keys, self.values = keys, values

@@ -11,8 +11,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension", release());
   m.def("linear", &linear, "low-bit linear: x [M, K] float32 -> [M, N] float32", release());
   m.def("rows", &rows, "dequantized weight rows for output indices", release());
-  m.def("attention", &attention, "causal attention of n new rows over a transposed-key cache, as the layer stack computes it",
+  m.def("attention", &attention, "causal attention of n new rows over a cache, as the layer stack computes it",
         release());
+  m.attr("KEY_BLOCK") = kKeyBlock;
   m.def("swiglu", &swiglu_rows, "silu(gate) * up of [n, 2 * inner] rows, as the layer stack computes it", release());
   py::class_<Projection>(m, "Projection")
       .def(py::init([](at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step, at::Tensor min_step,

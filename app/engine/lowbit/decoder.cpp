@@ -14,8 +14,10 @@
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -109,30 +111,56 @@ inline void start_blocks(__m512* acc, __mmask16* valid, int64_t remaining) {
   }
 }
 
-// One query row of one head over `length` cached keys: out [head_dim] = softmax(q.K * scaling) V.
-// keys_t: the keys transposed, [head_dim, key_stride] (row d holds component d of every key), so
-// 16 keys' scores build up in one vector with no horizontal sums; values: [length, head_dim] rows;
-// scores: scratch of at least `length`. Every score and output sums in one fixed order (over d,
-// then over keys), whatever else is in the batch.
-void attend(const float* query, const float* keys_t, int64_t key_stride, const float* values, int64_t length,
-            int64_t head_dim, float scaling, float* scores, float* out) {
-  constexpr int64_t kBlocks = 4;  // 64 keys at a time: four independent FMA chains
-  __m512 best = _mm512_set1_ps(-INFINITY);
-  for (int64_t j0 = 0; j0 < length; j0 += 16 * kBlocks) {
-    __m512 dot[kBlocks];
-    __mmask16 valid[kBlocks];
-    start_blocks<kBlocks>(dot, valid, length - j0);
-    for (int64_t d = 0; d < head_dim; ++d) {
-      const __m512 q = _mm512_set1_ps(query[d]);
-      const float* row = keys_t + d * key_stride + j0;
-      for (int64_t b = 0; b < kBlocks; ++b) dot[b] = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(valid[b], row + 16 * b), dot[b]);
-    }
-    for (int64_t b = 0; b < kBlocks; ++b) {
-      const __m512 scaled = _mm512_mul_ps(dot[b], _mm512_set1_ps(scaling));
-      _mm512_mask_storeu_ps(scores + j0 + 16 * b, valid[b], scaled);
-      best = _mm512_mask_max_ps(best, valid[b], best, scaled);
+constexpr int kMaxHeads = 4;        // query heads at a time: 16 accumulators in registers
+
+// Calls f(std::integral_constant<int, heads>) for 1 <= heads <= kMaxHeads.
+template <typename F>
+void with_heads(int64_t heads, F&& f) {
+  switch (heads) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
+  }
+}
+
+// Scaled scores q.k of H query heads of one row (queries [H, head_dim]) against the keys j0 ..
+// j0 + 63 below `length`, into scores (H rows of `score_stride`), and each head's running
+// 16-lane maximum `best` [H]. keys: a kv head's cache, blocks of kKeyBlock keys, each block
+// transposed [head_dim, kKeyBlock] (row d holds component d of the block's keys): 16 keys' scores
+// build up in one vector with no horizontal sums, and a block is one contiguous run of memory
+// (transposing the whole cache instead had put each component of a block on its own page).
+// Each key vector loaded feeds all H heads. Never inlined: each instantiation keeps its own
+// register allocation (inlined, one spilled its accumulators on every key).
+template <int H>
+__attribute__((noinline)) void score_block(const float* queries, const float* keys, int64_t j0, int64_t length,
+                                           int64_t head_dim, float scaling, float* scores, int64_t score_stride,
+                                           __m512* best) {
+  constexpr int64_t kBlocks = kKeyBlock / 16;  // four independent FMA chains per head
+  __m512 dot[H][kBlocks];
+  __mmask16 valid[kBlocks];
+  for (int h = 0; h < H; ++h) start_blocks<kBlocks>(dot[h], valid, length - j0);
+  const float* block = keys + j0 * head_dim;  // j0 is a multiple of kKeyBlock
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const float* row = block + d * kKeyBlock;
+    __m512 key[kBlocks];
+    for (int64_t b = 0; b < kBlocks; ++b) key[b] = _mm512_maskz_loadu_ps(valid[b], row + 16 * b);
+    for (int h = 0; h < H; ++h) {
+      const __m512 q = _mm512_set1_ps(queries[h * head_dim + d]);
+      for (int64_t b = 0; b < kBlocks; ++b) dot[h][b] = _mm512_fmadd_ps(q, key[b], dot[h][b]);
     }
   }
+  for (int h = 0; h < H; ++h) {
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      const __m512 scaled = _mm512_mul_ps(dot[h][b], _mm512_set1_ps(scaling));
+      _mm512_mask_storeu_ps(scores + h * score_stride + j0 + 16 * b, valid[b], scaled);
+      best[h] = _mm512_mask_max_ps(best[h], valid[b], best[h], scaled);
+    }
+  }
+}
+
+// scores [length] -> e^(score - max) in place; returns 1 / their sum.
+float exponentiate(float* scores, int64_t length, __m512 best) {
   const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
   __m512 total = _mm512_setzero_ps();
   for (int64_t j = 0; j < length; j += 16) {
@@ -141,35 +169,113 @@ void attend(const float* query, const float* keys_t, int64_t key_stride, const f
     _mm512_mask_storeu_ps(scores + j, m, e);
     total = _mm512_add_ps(total, _mm512_maskz_mov_ps(m, e));
   }
-  const __m512 inverse = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
-  for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kBlocks) {  // 64 components at a time, in registers
-    __m512 acc[kBlocks];
+  return 1.f / _mm512_reduce_add_ps(total);
+}
+
+// out [H, head_dim] += the weights (H rows of `score_stride`) of keys j0 .. end - 1 times their
+// values ([length, head_dim] rows); out starts at zero when j0 is 0. Each value vector loaded
+// feeds all H heads; every output sums over the keys in their order, block after block.
+template <int H>
+__attribute__((noinline)) void value_block(const float* weights, int64_t score_stride, const float* values, int64_t j0,
+                                           int64_t end, int64_t head_dim, float* out) {
+  constexpr int64_t kBlocks = 4;  // 64 components at a time, in registers
+  for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kBlocks) {
+    __m512 acc[H][kBlocks];
     __mmask16 valid[kBlocks];
-    start_blocks<kBlocks>(acc, valid, head_dim - d0);
-    for (int64_t j = 0; j < length; ++j) {
-      const __m512 weight = _mm512_set1_ps(scores[j]);
-      const float* row = values + j * head_dim + d0;
-      for (int64_t b = 0; b < kBlocks; ++b) acc[b] = _mm512_fmadd_ps(weight, _mm512_maskz_loadu_ps(valid[b], row + 16 * b), acc[b]);
+    for (int h = 0; h < H; ++h) {
+      start_blocks<kBlocks>(acc[h], valid, head_dim - d0);
+      if (j0 > 0) {
+        for (int64_t b = 0; b < kBlocks; ++b) acc[h][b] = _mm512_maskz_loadu_ps(valid[b], out + h * head_dim + d0 + 16 * b);
+      }
     }
-    for (int64_t b = 0; b < kBlocks; ++b) _mm512_mask_storeu_ps(out + d0 + 16 * b, valid[b], _mm512_mul_ps(acc[b], inverse));
+    for (int64_t j = j0; j < end; ++j) {
+      const float* row = values + j * head_dim + d0;
+      __m512 value[kBlocks];
+      for (int64_t b = 0; b < kBlocks; ++b) value[b] = _mm512_maskz_loadu_ps(valid[b], row + 16 * b);
+      for (int h = 0; h < H; ++h) {
+        const __m512 weight = _mm512_set1_ps(weights[h * score_stride + j]);
+        for (int64_t b = 0; b < kBlocks; ++b) acc[h][b] = _mm512_fmadd_ps(weight, value[b], acc[h][b]);
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      for (int64_t b = 0; b < kBlocks; ++b) _mm512_mask_storeu_ps(out + h * head_dim + d0 + 16 * b, valid[b], acc[h][b]);
+    }
+  }
+}
+
+// Rows first..last-1 of the query heads that read kv head g, over the cache: see causal_attention.
+// Keys and values go block by block through every row's heads, so a verification reads the
+// cache once rather than once per row (at 1,000 cached tokens re-reading it had made 4 rows' 
+// attention cost 3.5 times one row's).
+void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64_t last, int64_t heads,
+                    int64_t group, int64_t g, int64_t head_dim, const float* keys, const float* values,
+                    int64_t start, float scaling, float* out) {
+  const int64_t rows = last - first, stride = start + last;
+  // Heads at a time: the group in near-even shares of at most kMaxHeads (6 as 3 + 3, not 4 + 2:
+  // the loads of a share of 2 would feed only half as many products)
+  const int64_t shares = (group + kMaxHeads - 1) / kMaxHeads, share = (group + shares - 1) / shares;
+  std::vector<float> scores(rows * group * stride);
+  std::vector<__m512> best(rows * group, _mm512_set1_ps(-INFINITY));
+  // Query head h of row r (counted from `first`) within the group: its scores, its output
+  const auto score_row = [&](int64_t r, int64_t h) { return scores.data() + (r * group + h) * stride; };
+  const auto query = [&](int64_t r, int64_t h) { return queries + (first + r) * q_stride + (g * group + h) * head_dim; };
+  const auto output = [&](int64_t r, int64_t h) { return out + ((first + r) * heads + g * group + h) * head_dim; };
+  for (int64_t j0 = 0; j0 < stride; j0 += kKeyBlock) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t length = start + first + r + 1;
+      for (int64_t h = 0; h < group && j0 < length; h += share) {
+        with_heads(std::min(share, group - h), [&](auto n) {
+          score_block<decltype(n)::value>(query(r, h), keys, j0, length, head_dim, scaling, score_row(r, h), stride,
+                                          best.data() + r * group + h);
+        });
+      }
+    }
+  }
+  std::vector<float> inverse(rows * group);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < group; ++h) inverse[r * group + h] = exponentiate(score_row(r, h), start + first + r + 1, best[r * group + h]);
+  }
+  for (int64_t j0 = 0; j0 < stride; j0 += kKeyBlock) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t end = std::min(j0 + kKeyBlock, start + first + r + 1);
+      for (int64_t h = 0; h < group && j0 < end; h += share) {
+        with_heads(std::min(share, group - h), [&](auto n) {
+          value_block<decltype(n)::value>(score_row(r, h), stride, values, j0, end, head_dim, output(r, h));
+        });
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < group; ++h) {
+      float* o = output(r, h);
+      const __m512 scale = _mm512_set1_ps(inverse[r * group + h]);
+      for (int64_t d = 0; d < head_dim; d += 16) {
+        const __mmask16 m = lanes(head_dim - d);
+        _mm512_mask_storeu_ps(o + d, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, o + d), scale));
+      }
+    }
   }
 }
 
 // n query rows (row r at position start + r, its `heads` queries first in a row of `q_stride`
-// floats) over the cache: out [n, heads * head_dim]. Keys transposed [kv_heads, head_dim,
-// capacity], values [kv_heads, capacity, head_dim]; query head h reads kv head h / (heads / kv_heads).
-// Each (row, head) is computed by one thread alone, in the same order whatever n is.
+// floats) over the cache: out [n, heads * head_dim]. Keys [kv_heads, capacity / kKeyBlock,
+// head_dim, kKeyBlock] (blocks of keys, each transposed), values [kv_heads, capacity, head_dim];
+// query head h reads kv head h / (heads / kv_heads).
+// Each query's scores and output sum in one fixed order (over d, then over keys) whatever n is,
+// and the rows share each thread's reading of the cache.
 void causal_attention(const float* queries, int64_t q_stride, int64_t n, int64_t heads, int64_t kv_heads,
                       int64_t head_dim, const float* key_cache, const float* value_cache, int64_t capacity,
                       int64_t start, float scaling, float* out) {
   const int64_t group = heads / kv_heads;
-  at::parallel_for(0, n * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(start + n);
+  // A task is one kv head's queries over all rows, or over one row when there are fewer kv
+  // heads than threads (so that every thread has work).
+  const int64_t row_tasks = kv_heads >= at::get_num_threads() ? 1 : n;
+  at::parallel_for(0, kv_heads * row_tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task / heads, head = task % heads, g = head / group;
-      attend(queries + r * q_stride + head * head_dim, key_cache + g * head_dim * capacity, capacity,
-             value_cache + g * capacity * head_dim, start + r + 1, head_dim, scaling, scores.data(),
-             out + (r * heads + head) * head_dim);
+      const int64_t g = task / row_tasks, first = row_tasks == 1 ? 0 : task % row_tasks;
+      const int64_t last = row_tasks == 1 ? n : first + 1;
+      attend_kv_head(queries, q_stride, first, last, heads, group, g, head_dim, key_cache + g * head_dim * capacity,
+                     value_cache + g * capacity * head_dim, start, scaling, out);
     }
   });
 }
@@ -198,19 +304,21 @@ void add_into(float* dst, const at::Tensor& y) {
 
 }  // namespace
 
-// The same attention on tensors, for tests: queries [n, heads, head_dim], keys_t [kv_heads,
-// head_dim, capacity], values [kv_heads, capacity, head_dim] holding start + n positions.
-at::Tensor attention(at::Tensor queries, at::Tensor keys_t, at::Tensor values, int64_t start, double scaling) {
+// The same attention on tensors, for tests: queries [n, heads, head_dim], keys and values
+// [kv_heads, capacity, head_dim] holding start + n positions (the keys are laid out in blocks here).
+at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling) {
   queries = queries.contiguous();
-  keys_t = keys_t.contiguous();
   values = values.contiguous();
   const int64_t n = queries.size(0), heads = queries.size(1), head_dim = queries.size(2);
-  TORCH_CHECK(keys_t.size(1) == head_dim && start + n <= keys_t.size(2) && values.size(1) == keys_t.size(2),
+  const int64_t kv_heads = keys.size(0), capacity = keys.size(1);
+  TORCH_CHECK(keys.size(2) == head_dim && start + n <= capacity && values.sizes() == keys.sizes() &&
+                  capacity % kKeyBlock == 0,
               "cache shapes do not match");
+  const at::Tensor blocked = keys.view({kv_heads, capacity / kKeyBlock, kKeyBlock, head_dim}).transpose(2, 3).contiguous();
   at::Tensor out = at::empty({n, heads, head_dim}, at::kFloat);
-  causal_attention(queries.data_ptr<float>(), heads * head_dim, n, heads, keys_t.size(0), head_dim,
-                   keys_t.data_ptr<float>(), values.data_ptr<float>(), keys_t.size(2), start,
-                   static_cast<float>(scaling), out.data_ptr<float>());
+  causal_attention(queries.data_ptr<float>(), heads * head_dim, n, heads, kv_heads, head_dim,
+                   blocked.data_ptr<float>(), values.data_ptr<float>(), capacity, start, static_cast<float>(scaling),
+                   out.data_ptr<float>());
   return out;
 }
 
@@ -235,13 +343,15 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
   sin = sin.contiguous();
   const int64_t n = hidden.size(0), hd = head_dim_;
   const int64_t q_width = heads_ * hd, kv_width = kv_heads_ * hd;
-  TORCH_CHECK(start + n <= keys[0].size(2) && keys[0].size(2) == values[0].size(1), "the KV cache is too small");
+  TORCH_CHECK(keys[0].size(3) == kKeyBlock && keys[0].size(1) * kKeyBlock == values[0].size(1),
+              "keys must be in blocks of kKeyBlock, as many as the values hold");
+  TORCH_CHECK(start + n <= values[0].size(1), "the KV cache is too small");
   float* h = hidden.data_ptr<float>();
   for (size_t index = 0; index < layers_.size(); ++index) {
     const Layer& layer = layers_[index];
     at::Tensor qkv = project(rms_norm(hidden, layer.input_norm, eps_), layer.qkv);  // [n, q+k+v]
     float* qkv_ptr = qkv.data_ptr<float>();
-    const int64_t capacity = keys[index].size(2), qkv_width = qkv.size(1);
+    const int64_t capacity = values[index].size(1), qkv_width = qkv.size(1);
     float* key_cache = keys[index].data_ptr<float>();
     float* value_cache = values[index].data_ptr<float>();
     for (int64_t r = 0; r < n; ++r) {
@@ -250,7 +360,9 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
       rotate(row + q_width, kv_heads_, hd, cos.data_ptr<float>() + r * hd, sin.data_ptr<float>() + r * hd);
       for (int64_t g = 0; g < kv_heads_; ++g) {
         const float* key = row + q_width + g * hd;
-        for (int64_t d = 0; d < hd; ++d) key_cache[(g * hd + d) * capacity + start + r] = key[d];
+        const int64_t position = start + r;
+        float* block = key_cache + g * capacity * hd + (position / kKeyBlock) * hd * kKeyBlock;
+        for (int64_t d = 0; d < hd; ++d) block[d * kKeyBlock + position % kKeyBlock] = key[d];
         std::copy_n(row + q_width + kv_width + g * hd, hd, value_cache + (g * capacity + start + r) * hd);
       }
     }

@@ -16,10 +16,12 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
                 at::Tensor min_step, int64_t group, int64_t bits);
 // x [..., D] float32 -> RMS-normalised rows times weight [D]
 at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
-// Causal attention of n new rows over a transposed-key cache, as the layer stack computes it (for
-// tests): queries [n, heads, head_dim], keys_t [kv_heads, head_dim, capacity], values [kv_heads,
-// capacity, head_dim] holding start + n positions.
-at::Tensor attention(at::Tensor queries, at::Tensor keys_t, at::Tensor values, int64_t start, double scaling);
+// Keys the layer stack's cache holds in one block (transposed: [head_dim, kKeyBlock]).
+constexpr int64_t kKeyBlock = 64;
+// Causal attention of n new rows over a cache, as the layer stack computes it (for tests):
+// queries [n, heads, head_dim], keys and values [kv_heads, capacity, head_dim] holding start + n
+// positions (capacity a multiple of kKeyBlock).
+at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling);
 // The layer stack's silu(gate) * up (exposed for tests): gate_up [n, 2 * inner] -> [n, inner].
 at::Tensor swiglu_rows(at::Tensor gate_up);
 
@@ -47,7 +49,8 @@ class LayerStack {
         scaling_(static_cast<float>(scaling)), eps_(eps) {}
 
   // hidden [n, D] float32 -> [n, D] after every layer. Per layer float32 caches holding `start`
-  // tokens: keys transposed [kv_heads, head_dim, capacity], values [kv_heads, capacity, head_dim];
+  // tokens: keys [kv_heads, capacity / kKeyBlock, head_dim, kKeyBlock] (blocks of keys, each
+  // transposed), values [kv_heads, capacity, head_dim];
   // this call writes positions start..start+n-1. cos/sin [n, head_dim]: the rotary embedding of
   // those positions.
   at::Tensor forward(at::Tensor hidden, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
