@@ -93,10 +93,10 @@ def test_linear_is_batch_invariant(bits, group, path):
 @pytest.mark.parametrize(("bits", "group"), FORMATS)
 def test_embedding_rows_match_the_dequantized_weight(bits, group):
     packed = packing.quantize_float(random_weight(80, 64), bits, group)
-    ids = torch.tensor([0, 5, 17, 79, 5])
-    expected = packing.dequantize(packed)[ids]
-    assert torch.equal(kernel.rows(ids, packed), expected)
-    assert torch.equal(kernel.dequantize_rows(ids, packed), expected)
+    for ids in (torch.tensor([0, 5, 17, 79, 5]), torch.tensor([5])):  # one id: a single tile of 16 rows
+        expected = packing.dequantize(packed)[ids]
+        assert torch.equal(kernel.rows(ids, packed), expected)
+        assert torch.equal(kernel.dequantize_rows(ids, packed), expected)
 
 
 def random_blocks(qtype: GGMLQuantizationType, n_blocks: int, seed: int) -> np.ndarray:
@@ -162,6 +162,19 @@ def test_low_bit_greedy_equivalence_with_an_unrelated_draft(low_bit_target, tiny
     prompt = [5, 9, 2, 7]
     plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=40)
     assert generated_ids(engine, prompt, k=k, max_new_tokens=40) == plain
+
+
+def test_low_bit_greedy_equivalence_without_the_native_kernel(monkeypatch):
+    """The pure-torch path (no compiler, or a CPU the kernel cannot run on) decodes, one token at
+    a time included (an embedding lookup within one tile of 16 rows, over two groups), and
+    speculation keeps its output."""
+    monkeypatch.setattr(kernel, "native", lambda: None)
+    quantized = lambda seed, bits: LoadedModel(f"t-{seed}", quantize_model(tiny_model(seed, hidden=64).model, bits),
+                                               tiny_model(seed).tokenizer)
+    engine = SpeculativeEngine(quantized(5, 8), quantized(6, 4))
+    prompt = [5, 9, 2, 7]
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=12)
+    assert len(plain) == 12 and generated_ids(engine, prompt, k=3, max_new_tokens=12) == plain
 
 
 def test_low_bit_same_model_draft_accepts_everything(low_bit_target):

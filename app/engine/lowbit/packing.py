@@ -129,7 +129,7 @@ def unpack(weight: PackedWeight) -> torch.Tensor:
 
 def group_params(weight: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """scale, min as float32 [N, K/group] (code times step, one float32 product, as the kernel)."""
-    as_rows = lambda t: t.float().transpose(1, 2).reshape(weight.out_features, -1)
+    as_rows = lambda t: t.float().transpose(1, 2).reshape(weight.out_features, -1).contiguous()
     scale, min_ = as_rows(weight.scale), as_rows(weight.min) if weight.min.shape[2] else None
     if weight.bits in CODED_BITS:
         repeat = super_block_groups(weight.in_features, weight.group)
