@@ -61,28 +61,51 @@ def test_pack_refuses_values_that_do_not_fit():
         packing.pack(torch.zeros(32, 32), torch.ones(32, 1), torch.zeros(32, 1), 6, 32)
 
 
+def built_linear(isa: str):
+    """The linear layer of the kernel built for `isa` ("avx512" or "avx2"): x, packed -> [M, N]."""
+    module = kernel.build(isa)
+    if module is None:
+        pytest.skip(f"this CPU cannot run the {isa} build")
+    return lambda x, packed: module.linear(x, *packed.tensors().values(), packed.group, packed.bits)
+
+
 @pytest.mark.parametrize(("bits", "group"), FORMATS)
-def test_native_kernel_matches_reference(bits, group):
-    if kernel.native() is None:
-        pytest.skip(f"no native kernel here: {kernel.why_not_native()}")
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_native_kernel_matches_reference(bits, group, isa):
+    linear = built_linear(isa)
     packed = packing.quantize_float(random_weight(96, 256), bits, group)
     # many batches: one activation rounded differently (a tie, a different division) would show
     for seed in range(30):
         x = random_weight(11, 256, seed=100 + seed)
-        assert torch.allclose(kernel.linear(x, packed), packing.reference_linear(x, packed), rtol=1e-5, atol=1e-4)
-    out = kernel.linear(x, packed)
+        assert torch.allclose(linear(x, packed), packing.reference_linear(x, packed), rtol=1e-5, atol=1e-4)
+    out = linear(x, packed)
     # and both are close to the float product (activation rounding only)
     exact = x @ packing.dequantize(packed).T
     assert (out - exact).abs().max() < 0.05 * exact.abs().max()
 
 
 @pytest.mark.parametrize(("bits", "group"), FORMATS)
-@pytest.mark.parametrize("path", ["native", "reference"])
+def test_the_avx2_build_gives_the_avx512_bits(bits, group):
+    """Both builds run the same integer products and float steps: bit-identical outputs, also at
+    the extremes where AVX2's 16-bit pair sums would saturate (8-bit weights of 255 against
+    activations of +-127, taken there as w - 128)."""
+    avx512, avx2 = built_linear("avx512"), built_linear("avx2")
+    weight = random_weight(64, 256, seed=4)
+    weight[:32, :128] = torch.where(weight[:32, :128] > 0, 1.0, -1.0)  # groups of two values: q = 0 or the top
+    packed = packing.quantize_float(weight, bits, group)
+    if bits == 8:
+        assert (packing.unpack(packed) == 255).sum() > 1000
+    x = random_weight(11, 256, seed=5)
+    x[:, :128] = torch.where(x[:, :128] > 0, 1.0, -1.0)  # quantized to +-127
+    for rows in (1, 2, 3, 11):
+        assert torch.equal(avx2(x[:rows], packed), avx512(x[:rows], packed))
+
+
+@pytest.mark.parametrize(("bits", "group"), FORMATS)
+@pytest.mark.parametrize("path", ["avx512", "avx2", "reference"])
 def test_linear_is_batch_invariant(bits, group, path):
     """A row gives bit-identical outputs alone and inside batches of any size."""
-    if path == "native" and kernel.native() is None:
-        pytest.skip(f"no native kernel here: {kernel.why_not_native()}")
-    linear = kernel.linear if path == "native" else packing.reference_linear
+    linear = packing.reference_linear if path == "reference" else built_linear(path)
     packed = packing.quantize_float(random_weight(64, 128, seed=3), bits, group)
     x = torch.randn(17, 128) * torch.logspace(-2, 2, 17)[:, None]  # rows of very different scales
     alone = torch.cat([linear(x[i : i + 1], packed) for i in range(17)])
@@ -175,6 +198,26 @@ def test_low_bit_greedy_equivalence_without_the_native_kernel(monkeypatch):
     prompt = [5, 9, 2, 7]
     plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=12)
     assert len(plain) == 12 and generated_ids(engine, prompt, k=3, max_new_tokens=12) == plain
+
+
+def test_low_bit_greedy_equivalence_with_the_avx2_build(monkeypatch):
+    """On a CPU without AVX-512 the AVX2 build runs the linear layers and the layers run as the
+    Python loop around them: speculation keeps the output there too."""
+    from app.engine import lean_decoder
+
+    avx2 = kernel.build("avx2")
+    if avx2 is None:
+        pytest.skip("this CPU cannot run the avx2 build")
+    monkeypatch.setattr(kernel, "native", lambda: avx2)
+    quantized = lambda seed, bits: LoadedModel(f"t-{seed}", quantize_model(tiny_model(seed, hidden=64).model, bits),
+                                               tiny_model(seed).tokenizer)
+    target, draft = quantized(5, 8), quantized(6, 4)
+    assert lean_decoder.native_stack(target.model) is None  # the stack is AVX-512 code
+    engine = SpeculativeEngine(target, draft)
+    prompt = [5, 9, 2, 7]
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=30)
+    for k in (1, 4):
+        assert generated_ids(engine, prompt, k=k, max_new_tokens=30) == plain
 
 
 def test_low_bit_same_model_draft_accepts_everything(low_bit_target):

@@ -27,7 +27,7 @@ from .cache import cache_root
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import IncompatibleModelsError, ModelError
 from .lowbit import store as lowbit_store
-from .lowbit.kernel import build_in_background, why_not_native
+from .lowbit.kernel import build_in_background, machine_isa, why_not_native
 from .lowbit.loader import load_gguf_lowbit
 from .lowbit.modules import quantize_model
 
@@ -100,7 +100,8 @@ def load_model(
         if on_cpu and precision.low_bit:
             build_in_background()  # compiles (first start only) while the weights load
             model, tokenizer = _load_low_bit(source, packaged, precision, report)
-            kernel_note = "" if why_not_native() is None else f", slow path: {why_not_native()}"
+            kernel_note = (f", slow path: {why_not_native()}" if why_not_native() is not None
+                           else ", AVX2 kernel" if machine_isa() == "avx2" else "")
             return LoadedModel(name, model, tokenizer, f"{precision.value}{kernel_note}")
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)

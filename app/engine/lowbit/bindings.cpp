@@ -11,6 +11,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension", release());
   m.def("linear", &linear, "low-bit linear: x [M, K] float32 -> [M, N] float32", release());
   m.def("rows", &rows, "dequantized weight rows for output indices", release());
+#ifdef __AVX512VNNI__  // the layer stack and its parts are AVX-512 code (decoder.cpp)
   m.def("attention", &attention, "causal attention of n new rows over a cache, as the layer stack computes it",
         release());
   m.attr("KEY_BLOCK") = kKeyBlock;
@@ -34,4 +35,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scaling"), py::arg("eps"))
       .def("forward", &LayerStack::forward, release(),
            "hidden [n, D] through every layer, writing the n new keys and values into the caches");
+#endif
 }

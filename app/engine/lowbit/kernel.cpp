@@ -1,8 +1,10 @@
 // Low-bit linear layers for the CPU: 4-, 6- or 8-bit unsigned weights with a scale and a min per
 // group of G inputs (w = scale * q - min), times activations quantized to int8 per row and per
-// group. Integer dot products (AVX-512 VNNI) do the work; every output element is computed by
-// the same sequence of operations whatever the number of rows, so a token verified inside a
-// batch gets exactly the logits it would get alone (batch invariance).
+// group. Integer dot products do the work: AVX-512 VNNI where the CPU has it, else AVX2 (most
+// laptops: the same products in two 8-output halves of each tile, with maddubs and madd, and the
+// same float steps, so both give bit-identical results). Every output element is computed by the
+// same sequence of operations whatever the number of rows, so a token verified inside a batch
+// gets exactly the logits it would get alone (batch invariance).
 //
 // Layout (see lowbit/packing.py, which also holds the pure-torch reference):
 //   q      uint8  [N/16, K/G, L, 16, 4]  C = G/4 chunks of 4 inputs; 8-bit: L = C lines, one byte
@@ -31,7 +33,6 @@ namespace {
 
 constexpr int64_t kTile = 16;
 constexpr int64_t kAheadBytes = 8192;  // how far ahead each weight stream is prefetched
-constexpr int kMaxRows = 4;  // rows per register block (x 2 tiles x 2 accumulators)
 
 struct QuantizedRows {
   at::Tensor q;           // int8 [M, K]
@@ -39,6 +40,69 @@ struct QuantizedRows {
   at::Tensor scaled_sum;  // float [M, K/G]: scale * (sum of the group's int8 values)
   at::Tensor sum;         // int32 [M, K/G]: sum of the group's int8 values
 };
+
+// One block of activation rows, quantized: int8 values [rows, k], and per row and group the
+// int8 step, the step times the group's sum and the sum itself.
+struct Activations {
+  const int8_t* q;
+  const float* step;
+  const float* scaled_sum;
+  const int32_t* sum;
+  int64_t k;
+};
+
+// Bits whose scales and mins are int8 codes times a float16 step per super-block.
+template <int Bits>
+constexpr bool kCoded = Bits != 8;
+
+// Where one tile's group scales and mins live.
+struct TileParams {
+  const void* scale;  // [groups, 16]: float16 (8 bits) or int8 codes
+  const void* min;    // as scale; unused when symmetric
+  const at::Half* scale_step;  // [super-blocks, 16] float16 (coded only)
+  const at::Half* min_step;
+};
+
+// The parameters of one packed weight as raw pointers, for any of its tiles.
+struct WeightParams {
+  const uint8_t* scale;  // bytes, float16 or int8 elements
+  const uint8_t* min;
+  const at::Half* scale_step;
+  const at::Half* min_step;
+  int64_t param_bytes, groups, steps;  // element size of scale/min; groups and super-blocks per tile row
+  int64_t per_step;  // groups per super-block (all of them when there are no steps: 8 bits)
+
+  WeightParams(const at::Tensor& scale_t, const at::Tensor& min_t, const at::Tensor& scale_step_t,
+               const at::Tensor& min_step_t)
+      : scale(static_cast<const uint8_t*>(scale_t.data_ptr())),
+        min(min_t.numel() ? static_cast<const uint8_t*>(min_t.data_ptr()) : nullptr),
+        scale_step(scale_step_t.numel() ? scale_step_t.data_ptr<at::Half>() : nullptr),
+        min_step(min_step_t.numel() ? min_step_t.data_ptr<at::Half>() : nullptr),
+        param_bytes(scale_t.element_size()), groups(scale_t.size(1)), steps(scale_step_t.size(1)),
+        per_step(steps ? groups / steps : groups) {}
+
+  TileParams tile(int64_t t) const {
+    const int64_t at = t * groups * kTile * param_bytes, step_at = t * steps * kTile;
+    return {scale + at, min ? min + at : nullptr, scale_step ? scale_step + step_at : nullptr,
+            min_step ? min_step + step_at : nullptr};
+  }
+};
+
+void check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
+                  const at::Tensor& min_step, int64_t bits) {
+  const bool coded = bits != 8;
+  TORCH_CHECK(scale.scalar_type() == (coded ? at::kChar : at::kHalf) && min.scalar_type() == scale.scalar_type(),
+              "scales and mins must be float16 (8 bits) or int8 codes (4 and 6 bits)");
+  TORCH_CHECK(!coded || (scale_step.scalar_type() == at::kHalf && scale_step.size(1) > 0 &&
+                         scale.size(1) % scale_step.size(1) == 0),
+              "coded scales need float16 steps per super-block");
+  TORCH_CHECK(bits == 6 || min.size(2) == scale.size(2), "this weight format needs its mins");
+  TORCH_CHECK(bits != 4 || min_step.numel() == scale_step.numel(), "4-bit mins need their steps");
+  for (const at::Tensor& t : {scale, min, scale_step, min_step}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
+}
+
+#ifdef __AVX512VNNI__
+constexpr int kMaxRows = 4;  // rows per register block (x 2 tiles x 2 accumulators)
 
 // Symmetric int8 per row and group; the same arithmetic as packing.quantize_activations
 // (max |x|, one division each for the step and its inverse, round half to even), 16 values per
@@ -77,16 +141,6 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
   return out;
 }
 
-// One block of activation rows, quantized: int8 values [rows, k], and per row and group the
-// int8 step, the step times the group's sum and the sum itself.
-struct Activations {
-  const int8_t* q;
-  const float* step;
-  const float* scaled_sum;
-  const int32_t* sum;
-  int64_t k;
-};
-
 inline __m512i broadcast4(const int8_t* p) {
   int32_t word;
   std::memcpy(&word, p, 4);
@@ -110,18 +164,6 @@ inline __m512i chunk_weights(const uint8_t* lines, int chunk) {
   }
   return value;
 }
-
-// Bits whose scales and mins are int8 codes times a float16 step per super-block.
-template <int Bits>
-constexpr bool kCoded = Bits != 8;
-
-// Where one tile's group scales and mins live.
-struct TileParams {
-  const void* scale;  // [groups, 16]: float16 (8 bits) or int8 codes
-  const void* min;    // as scale; unused when symmetric
-  const at::Half* scale_step;  // [super-blocks, 16] float16 (coded only)
-  const at::Half* min_step;
-};
 
 inline __m512 load_halves(const at::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -278,43 +320,214 @@ void rows_kernel(int64_t group, int rows, const uint8_t* q, int64_t tile_bytes, 
   else rows_kernel<4, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
 }
 
-// The parameters of one packed weight as raw pointers, for any of its tiles.
-struct WeightParams {
-  const uint8_t* scale;  // bytes, float16 or int8 elements
-  const uint8_t* min;
-  const at::Half* scale_step;
-  const at::Half* min_step;
-  int64_t param_bytes, groups, steps;  // element size of scale/min; groups and super-blocks per tile row
-  int64_t per_step;  // groups per super-block (all of them when there are no steps: 8 bits)
-
-  WeightParams(const at::Tensor& scale_t, const at::Tensor& min_t, const at::Tensor& scale_step_t,
-               const at::Tensor& min_step_t)
-      : scale(static_cast<const uint8_t*>(scale_t.data_ptr())),
-        min(min_t.numel() ? static_cast<const uint8_t*>(min_t.data_ptr()) : nullptr),
-        scale_step(scale_step_t.numel() ? scale_step_t.data_ptr<at::Half>() : nullptr),
-        min_step(min_step_t.numel() ? min_step_t.data_ptr<at::Half>() : nullptr),
-        param_bytes(scale_t.element_size()), groups(scale_t.size(1)), steps(scale_step_t.size(1)),
-        per_step(steps ? groups / steps : groups) {}
-
-  TileParams tile(int64_t t) const {
-    const int64_t at = t * groups * kTile * param_bytes, step_at = t * steps * kTile;
-    return {scale + at, min ? min + at : nullptr, scale_step ? scale_step + step_at : nullptr,
-            min_step ? min_step + step_at : nullptr};
+// Output tiles t and t + 1 of every row: out [rows, n] gets their 32 columns.
+void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, const WeightParams& params,
+                   int64_t group, int64_t bits, const Activations& act, float* out, int64_t n) {
+  const TileParams p0 = params.tile(t), p1 = params.tile(t + 1);
+  const int64_t groups = params.groups;
+  for (int r0 = 0; r0 < rows; r0 += kMaxRows) {
+    const int block = std::min(kMaxRows, rows - r0);
+    const int pass = r0 / kMaxRows;
+    const uint8_t* tq = q + t * tile_bytes;
+    const Activations block_act{act.q + r0 * act.k, act.step + r0 * groups, act.scaled_sum + r0 * groups,
+                                act.sum + r0 * groups, act.k};
+    float* to = out + r0 * n + t * kTile;
+    if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
+    else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
+    else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
   }
-};
-
-void check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
-                  const at::Tensor& min_step, int64_t bits) {
-  const bool coded = bits != 8;
-  TORCH_CHECK(scale.scalar_type() == (coded ? at::kChar : at::kHalf) && min.scalar_type() == scale.scalar_type(),
-              "scales and mins must be float16 (8 bits) or int8 codes (4 and 6 bits)");
-  TORCH_CHECK(!coded || (scale_step.scalar_type() == at::kHalf && scale_step.size(1) > 0 &&
-                         scale.size(1) % scale_step.size(1) == 0),
-              "coded scales need float16 steps per super-block");
-  TORCH_CHECK(bits == 6 || min.size(2) == scale.size(2), "this weight format needs its mins");
-  TORCH_CHECK(bits != 4 || min_step.numel() == scale_step.numel(), "4-bit mins need their steps");
-  for (const at::Tensor& t : {scale, min, scale_step, min_step}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
 }
+
+#else  // AVX2
+constexpr int kMaxRows = 2;  // rows per register block (x 2 halves, accumulators and dot products: 16 registers)
+
+// As the AVX-512 quantize_rows, 8 values at a time: the same max |x|, divisions and rounding.
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / group;
+  QuantizedRows out{at::empty({rows, k}, at::kChar), at::empty({rows, groups}, at::kFloat),
+                    at::empty({rows, groups}, at::kFloat), at::empty({rows, groups}, at::kInt)};
+  const float* src = x.data_ptr<float>();
+  int8_t* q = out.q.data_ptr<int8_t>();
+  float* scale = out.scale.data_ptr<float>();
+  float* scaled_sum = out.scaled_sum.data_ptr<float>();
+  int32_t* int_sum = out.sum.data_ptr<int32_t>();
+  at::parallel_for(0, rows * groups, 1024, [&](int64_t begin, int64_t end) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int64_t i = begin; i < end; ++i) {
+      const float* v = src + i * group;
+      __m256 largest = _mm256_setzero_ps();
+      for (int64_t j = 0; j < group; j += 8) largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, largest);
+      const float amax = *std::max_element(lanes, lanes + 8);
+      const float step = amax / 127.f;
+      const __m256 inverse = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      __m256i sum = _mm256_setzero_si256();
+      for (int64_t j = 0; j < group; j += 8) {
+        // the default rounding mode: to nearest, ties to even, as std::nearbyint and torch.round
+        const __m256i value = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + j), inverse));
+        alignas(32) int32_t values[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(values), value);
+        for (int b = 0; b < 8; ++b) q[i * group + j + b] = static_cast<int8_t>(values[b]);  // within +-127
+        sum = _mm256_add_epi32(sum, value);
+      }
+      alignas(32) int32_t sums[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums), sum);
+      int32_t total = 0;
+      for (int b = 0; b < 8; ++b) total += sums[b];
+      scale[i] = step;
+      scaled_sum[i] = step * static_cast<float>(total);
+      int_sum[i] = total;
+    }
+  });
+  return out;
+}
+
+// Half `half` (outputs 8 * half .. 8 * half + 7) of a chunk's unsigned weights: the bytes of
+// the AVX-512 chunk_weights, 32 at a time.
+template <int Chunks, int Bits>
+inline __m256i chunk_weights(const uint8_t* lines, int chunk, int half) {
+  const auto line = [&](int i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lines + i * 64 + half * 32)); };
+  if constexpr (Bits == 8) return line(chunk);
+  const __m256i packed = line(chunk / 2);
+  __m256i value = _mm256_and_si256(chunk % 2 ? _mm256_srli_epi16(packed, 4) : packed, _mm256_set1_epi8(0x0F));
+  if constexpr (Bits == 6) {
+    const __m256i tops = line(Chunks / 2 + chunk / 4);
+    const int at = 2 * (chunk % 4);  // the chunk's two bits, moved to bits 4 and 5
+    const __m256i moved = at < 4 ? _mm256_slli_epi16(tops, 4 - at) : (at > 4 ? _mm256_srli_epi16(tops, at - 4) : tops);
+    value = _mm256_or_si256(value, _mm256_and_si256(moved, _mm256_set1_epi8(0x30)));
+  }
+  return value;
+}
+
+// Per 32-bit lane, the sum of 4 products of unsigned weights and signed activations, as one
+// VNNI dpbusd computes it. maddubs adds pairs into 16 bits with saturation: 4- and 6-bit weights
+// stay below it (63 * 127 * 2 < 32767); 8-bit weights are taken as w - 128 (signed, the caller
+// adds 128 * the sum of the activations), whose pairs reach at most 128 * 127 * 2.
+template <int Bits>
+inline __m256i dot4(__m256i weights, __m256i activations) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (Bits == 8) {
+    const __m256i centred = _mm256_xor_si256(weights, _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(activations, centred)), ones);
+  }
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(weights, activations), ones);
+}
+
+inline __m256 load_halves(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The 8 outputs' values of group g in half `half`, as the AVX-512 group_values.
+template <int Bits>
+inline __m256 group_values(const void* values, __m256 step, int64_t g, int half) {
+  if constexpr (!kCoded<Bits>) {
+    return load_halves(static_cast<const at::Half*>(values) + g * kTile + half * 8);
+  } else {
+    const int8_t* codes = static_cast<const int8_t*>(values) + g * kTile + half * 8;
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)))), step);
+  }
+}
+
+// One 16-output tile against `Rows` activation rows, over all K, in two halves of 8 outputs.
+// Every output gets the AVX-512 kernel's integers and float steps, in the same order: the same
+// bits, and batch invariance. Never inlined, as there.
+template <int Rows, int Chunks, int Bits>
+__attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
+                                           const Activations& act, float* out, int64_t out_stride) {
+  constexpr int kLines = Bits == 8 ? Chunks : (Bits == 4 ? Chunks / 2 : Chunks / 2 + Chunks / 4);
+  constexpr bool kSymmetric = Bits == 6;  // w = scale * (q - 32): no min is stored
+  constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytes / (kLines * 64));  // in groups
+  __m256 acc[Rows][2];
+  for (int r = 0; r < Rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  __m256 scale_step[2], min_step[2];
+  int64_t super_block = 0, in_super_block = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    if constexpr (kCoded<Bits>) {
+      if (in_super_block == 0) {
+        for (int h = 0; h < 2; ++h) {
+          scale_step[h] = load_halves(tile.scale_step + super_block * kTile + h * 8);
+          if constexpr (!kSymmetric) min_step[h] = load_halves(tile.min_step + super_block * kTile + h * 8);
+        }
+      }
+    }
+    const uint8_t* lines = q + g * kLines * 64;
+    for (int line = 0; line < kLines; ++line) _mm_prefetch(reinterpret_cast<const char*>(lines + kAhead * kLines * 64 + line * 64), _MM_HINT_T1);
+    __m256i dot[Rows][2];
+    for (int r = 0; r < Rows; ++r) {
+      // Symmetric weights start at -32 * (sum of the activations), 8-bit ones at +128 * it (see dot4)
+      const int32_t start = kSymmetric ? -32 * act.sum[r * groups + g] : (Bits == 8 ? 128 * act.sum[r * groups + g] : 0);
+      dot[r][0] = dot[r][1] = _mm256_set1_epi32(start);
+    }
+    const int8_t* a = act.q + g * Chunks * 4;
+    for (int chunk = 0; chunk < Chunks; ++chunk) {
+      const __m256i w0 = chunk_weights<Chunks, Bits>(lines, chunk, 0);
+      const __m256i w1 = chunk_weights<Chunks, Bits>(lines, chunk, 1);
+      for (int r = 0; r < Rows; ++r) {
+        int32_t word;
+        std::memcpy(&word, a + r * act.k + 4 * chunk, 4);
+        const __m256i activations = _mm256_set1_epi32(word);
+        dot[r][0] = _mm256_add_epi32(dot[r][0], dot4<Bits>(w0, activations));
+        dot[r][1] = _mm256_add_epi32(dot[r][1], dot4<Bits>(w1, activations));
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 w_scale = group_values<Bits>(tile.scale, scale_step[h], g, h);
+      for (int r = 0; r < Rows; ++r) {
+        const __m256 a_step = _mm256_set1_ps(act.step[r * groups + g]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), _mm256_mul_ps(w_scale, a_step), acc[r][h]);
+      }
+      if constexpr (!kSymmetric) {
+        const __m256 w_min = group_values<Bits>(tile.min, min_step[h], g, h);
+        for (int r = 0; r < Rows; ++r) {
+          acc[r][h] = _mm256_fnmadd_ps(w_min, _mm256_set1_ps(act.scaled_sum[r * groups + g]), acc[r][h]);
+        }
+      }
+    }
+    if (++in_super_block == per_step) {
+      in_super_block = 0;
+      ++super_block;
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    _mm256_storeu_ps(out + r * out_stride, acc[r][0]);
+    _mm256_storeu_ps(out + r * out_stride + 8, acc[r][1]);
+  }
+}
+
+template <int Chunks, int Bits>
+void tile_rows(int rows, const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
+               const Activations& act, float* out, int64_t out_stride) {
+  if (rows == 1) tile_kernel<1, Chunks, Bits>(q, tile, groups, per_step, act, out, out_stride);
+  else tile_kernel<2, Chunks, Bits>(q, tile, groups, per_step, act, out, out_stride);
+}
+
+template <int Bits>
+void tile_rows(int64_t group, int rows, const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
+               const Activations& act, float* out, int64_t out_stride) {
+  if (group == 32) tile_rows<8, Bits>(rows, q, tile, groups, per_step, act, out, out_stride);
+  else tile_rows<4, Bits>(rows, q, tile, groups, per_step, act, out, out_stride);
+}
+
+// Output tiles t and t + 1 of every row: out [rows, n] gets their 32 columns.
+void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, const WeightParams& params,
+                   int64_t group, int64_t bits, const Activations& act, float* out, int64_t n) {
+  const int64_t groups = params.groups;
+  for (int64_t tile = t; tile < t + 2; ++tile) {
+    const TileParams p = params.tile(tile);
+    for (int r0 = 0; r0 < rows; r0 += kMaxRows) {
+      const int block = std::min(kMaxRows, rows - r0);
+      const uint8_t* tq = q + tile * tile_bytes;
+      const Activations block_act{act.q + r0 * act.k, act.step + r0 * groups, act.scaled_sum + r0 * groups,
+                                  act.sum + r0 * groups, act.k};
+      float* to = out + r0 * n + tile * kTile;
+      if (bits == 4) tile_rows<4>(group, block, tq, p, groups, params.per_step, block_act, to, n);
+      else if (bits == 6) tile_rows<6>(group, block, tq, p, groups, params.per_step, block_act, to, n);
+      else tile_rows<8>(group, block, tq, p, groups, params.per_step, block_act, to, n);
+    }
+  }
+}
+#endif
 
 }  // namespace
 
@@ -336,22 +549,11 @@ at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, 
   const WeightParams params(scale, min, scale_step, min_step);
   float* out_ptr = out.data_ptr<float>();
   const int64_t n = tiles * kTile;
+  const Activations all_rows{act.q.data_ptr<int8_t>(), act.scale.data_ptr<float>(), act.scaled_sum.data_ptr<float>(),
+                             act.sum.data_ptr<int32_t>(), k};
   at::parallel_for(0, tiles / 2, 1, [&](int64_t begin, int64_t end) {
     for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t t = 2 * pair;
-      const TileParams p0 = params.tile(t), p1 = params.tile(t + 1);
-      for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
-        const int block = static_cast<int>(std::min<int64_t>(kMaxRows, rows - r0));
-        const int pass = static_cast<int>(r0 / kMaxRows);
-        const uint8_t* tq = q_ptr + t * tile_bytes;
-        const Activations block_act{act.q.data_ptr<int8_t>() + r0 * k, act.scale.data_ptr<float>() + r0 * groups,
-                                    act.scaled_sum.data_ptr<float>() + r0 * groups,
-                                    act.sum.data_ptr<int32_t>() + r0 * groups, k};
-        float* to = out_ptr + r0 * n + t * kTile;
-        if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
-        else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
-        else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
-      }
+      pair_products(2 * pair, static_cast<int>(rows), q_ptr, tile_bytes, params, group, bits, all_rows, out_ptr, n);
     }
   });
   return out;

@@ -1,5 +1,7 @@
-"""The C++ kernel, compiled on first use with torch's extension builder and cached; when it
-cannot be built (no compiler, no AVX-512 VNNI), the pure-torch reference runs instead (slow)."""
+"""The C++ kernel, compiled on first use with torch's extension builder and cached. It is built
+for the CPU's best instruction set: AVX-512 VNNI (the linear layers and the whole layer stack) or
+AVX2 (the linear layers; the layers then run as a Python loop around them). When it cannot be
+built (no compiler, a CPU with neither), the pure-torch reference runs instead (slow)."""
 from __future__ import annotations
 
 import functools
@@ -16,15 +18,22 @@ import torch
 from ..cache import cache_root
 from .packing import PackedWeight, dequantize, reference_linear
 
-SOURCES = [Path(__file__).with_name(name) for name in ("kernel.cpp", "decoder.cpp", "bindings.cpp")]
-HEADERS = [Path(__file__).with_name("kernel.h")]
-# What the kernel's instructions need; -ffp-contract=off keeps each float step as written;
-# -fopenmp makes at::parallel_for split the work over torch's threads (without it the header
-# template runs serially), and the library binds to the libgomp torch has already loaded.
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-ffp-contract=off",
-         "-fopenmp"]
+HERE = Path(__file__).parent
+HEADERS = [HERE / "kernel.h"]
+# Per instruction set: the CPU flags it needs, the sources (the layer stack is AVX-512 code) and
+# the compiler flags. -ffp-contract=off keeps each float step as written (both builds then give
+# the same bits); -fopenmp makes at::parallel_for split the work over torch's threads (without it
+# the header template runs serially), and the library binds to the libgomp torch has loaded.
+ISAS = {
+    "avx512": ({"avx512f", "avx512bw", "avx512_vnni"}, ["kernel.cpp", "decoder.cpp", "bindings.cpp"],
+               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]),
+    "avx2": ({"avx2", "fma", "f16c"}, ["kernel.cpp", "bindings.cpp"], ["-mavx2", "-mfma", "-mf16c"]),
+}
+COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
+MODULE_NAMES = {"avx512": "specchat_lowbit", "avx2": "specchat_lowbit_avx2"}  # one per build, both loadable at once
 
 
+@functools.cache
 def cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -34,11 +43,20 @@ def cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
+def machine_isa() -> str | None:
+    """The instruction set the kernel is built for here: SPECCHAT_KERNEL_ISA if set (and the CPU
+    has it), else the best the CPU has; None when it has neither."""
+    flags = cpu_flags()
+    wanted = os.environ.get("SPECCHAT_KERNEL_ISA")
+    candidates = [wanted] if wanted in ISAS else list(ISAS)
+    return next((isa for isa in candidates if ISAS[isa][0] <= flags), None)
+
+
 _BUILD_LOCK = threading.Lock()  # one build at a time; later callers get the cached result
 
 
 def native():
-    """The compiled module, or None with the reason in `why_not_native()`."""
+    """The compiled module for this machine, or None with the reason in `why_not_native()`."""
     return _build()[0]
 
 
@@ -46,18 +64,25 @@ def why_not_native() -> str | None:
     return _build()[1]
 
 
+def build(isa: str):
+    """The module built for `isa` (tests compare the two builds), or None when this CPU lacks it."""
+    with _BUILD_LOCK:
+        return _build_for(isa)[0] if ISAS[isa][0] <= cpu_flags() else None
+
+
 @functools.cache
 def build_id() -> str:
     """Which arithmetic runs: a digest of the kernel's sources and flags, or "reference" when the
     pure-torch path does. Figures measured with one build do not hold for another."""
-    return "reference" if native() is None else _source_digest()
+    return "reference" if native() is None else f"{machine_isa()}-{_source_digest(machine_isa())}"
 
 
 @functools.cache
-def _source_digest() -> str:
+def _source_digest(isa: str) -> str:
     """Sources, flags and the torch and Python it is built against: what makes one build."""
-    digest = hashlib.sha256(" ".join(FLAGS + [torch.__version__, sys.implementation.cache_tag]).encode())
-    for source in SOURCES + HEADERS:
+    _, sources, flags = ISAS[isa]
+    digest = hashlib.sha256(" ".join(COMMON_FLAGS + flags + [torch.__version__, sys.implementation.cache_tag]).encode())
+    for source in [HERE / name for name in sources] + HEADERS:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -70,27 +95,34 @@ def build_in_background() -> None:
 
 def _build():
     with _BUILD_LOCK:
-        return _build_once()
+        return _build_for_machine()
+
+
+@functools.cache  # every linear layer asks: decided once per process
+def _build_for_machine():
+    if os.environ.get("SPECCHAT_NO_NATIVE_KERNEL"):
+        return None, "disabled by SPECCHAT_NO_NATIVE_KERNEL"
+    isa = machine_isa()
+    if isa is None:
+        return None, "this CPU has neither AVX-512 VNNI nor AVX2"
+    return _build_for(isa)
 
 
 @functools.cache
-def _build_once():
-    if os.environ.get("SPECCHAT_NO_NATIVE_KERNEL"):
-        return None, "disabled by SPECCHAT_NO_NATIVE_KERNEL"
-    missing = {"avx512f", "avx512bw", "avx512_vnni"} - cpu_flags()
-    if missing:
-        return None, f"this CPU lacks {', '.join(sorted(missing))}"
+def _build_for(isa: str):
     from torch.utils import cpp_extension
 
+    _, sources, flags = ISAS[isa]
+    name = MODULE_NAMES[isa]
     # One folder per build: a library already there was built from these very sources, so it is
     # loaded as it is. torch's builder would rebuild it (about 24 s) whenever the sources' paths
     # differ from the last build's, as they do between two checkouts or environments.
-    folder = cache_root() / "kernels" / _source_digest()
+    folder = cache_root() / "kernels" / _source_digest(isa)
     folder.mkdir(parents=True, exist_ok=True)
-    library = folder / f"specchat_lowbit{cpp_extension.LIB_EXT}"
+    library = folder / f"{name}{cpp_extension.LIB_EXT}"
     if library.is_file():
         try:
-            spec = importlib.util.spec_from_file_location("specchat_lowbit", library)
+            spec = importlib.util.spec_from_file_location(name, library)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             return module, None
@@ -98,8 +130,8 @@ def _build_once():
             pass  # an unfinished build: built again below
     try:
         module = cpp_extension.load(
-            name="specchat_lowbit", sources=[str(source) for source in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-            build_directory=str(folder), verbose=False,
+            name=name, sources=[str(HERE / source) for source in sources], extra_cflags=COMMON_FLAGS + flags,
+            extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False,
         )
     except Exception as error:  # no compiler, no headers, no ninja: the reference path still works
         reason = f"could not build the C++ kernel ({str(error).strip().splitlines()[-1] if str(error) else error})"
