@@ -61,11 +61,17 @@ def test_pack_refuses_values_that_do_not_fit():
         packing.pack(torch.zeros(32, 32), torch.ones(32, 1), torch.zeros(32, 1), 6, 32)
 
 
-def built_linear(isa: str):
-    """The linear layer of the kernel built for `isa` ("avx512" or "avx2"): x, packed -> [M, N]."""
+def built(isa: str):
+    """The kernel module built for `isa` ("avx512" or "avx2"); skips where this CPU lacks it."""
     module = kernel.build(isa)
     if module is None:
         pytest.skip(f"this CPU cannot run the {isa} build")
+    return module
+
+
+def built_linear(isa: str):
+    """The linear layer of the kernel built for `isa`: x, packed -> [M, N]."""
+    module = built(isa)
     return lambda x, packed: module.linear(x, *packed.tensors().values(), packed.group, packed.bits)
 
 
@@ -201,18 +207,16 @@ def test_low_bit_greedy_equivalence_without_the_native_kernel(monkeypatch):
 
 
 def test_low_bit_greedy_equivalence_with_the_avx2_build(monkeypatch):
-    """On a CPU without AVX-512 the AVX2 build runs the linear layers and the layers run as the
-    Python loop around them: speculation keeps the output there too."""
+    """On a CPU without AVX-512 the AVX2 build runs the layer stack: speculation keeps the output
+    there too."""
     from app.engine import lean_decoder
 
-    avx2 = kernel.build("avx2")
-    if avx2 is None:
-        pytest.skip("this CPU cannot run the avx2 build")
+    avx2 = built("avx2")
     monkeypatch.setattr(kernel, "native", lambda: avx2)
     quantized = lambda seed, bits: LoadedModel(f"t-{seed}", quantize_model(tiny_model(seed, hidden=64).model, bits),
                                                tiny_model(seed).tokenizer)
     target, draft = quantized(5, 8), quantized(6, 4)
-    assert lean_decoder.native_stack(target.model) is None  # the stack is AVX-512 code
+    assert lean_decoder.native_stack(target.model) is not None
     engine = SpeculativeEngine(target, draft)
     prompt = [5, 9, 2, 7]
     plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=30)
@@ -269,11 +273,10 @@ def test_lean_decoder_matches_transformers_forward(hidden):
 
 
 @pytest.mark.parametrize("inner", [1, 17, 8960])
-def test_native_swiglu_matches_torch(inner):
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_native_swiglu_matches_torch(inner, isa):
     """silu(gate) * up, 16 values at a time with a masked tail, over ordinary and extreme gates."""
-    module = kernel.native()
-    if module is None:
-        pytest.skip(kernel.why_not_native())
+    module = built(isa)
     torch.manual_seed(inner)
     gate = torch.randn(3, inner) * 4
     gate[0, :4] = torch.tensor([0.0, -100.0, 100.0, -1e4])[: min(4, inner)]
@@ -284,13 +287,12 @@ def test_native_swiglu_matches_torch(inner):
 
 @pytest.mark.parametrize("head_dim", [16, 80, 128])
 @pytest.mark.parametrize("heads", [2, 6, 14])  # query heads per kv head: 1, 3, 7 (taken up to 4 at a time)
-def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads):
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, isa):
     """The layer stack's attention (keys in transposed blocks of 64, a kv head's query heads up to
     4 at a time, 64 components at a time, tails masked) against torch's, row by row, and
     bit-identical alone or in a batch."""
-    module = kernel.native()
-    if module is None:
-        pytest.skip(f"no native kernel here: {kernel.why_not_native()}")
+    module = built(isa)
     kv_heads, start, n, capacity = 2, 150, 5, 192
     generator = torch.Generator().manual_seed(head_dim + heads)
     queries = torch.randn(n, heads, head_dim, generator=generator)
@@ -306,12 +308,15 @@ def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads):
         assert torch.equal(together[r], module.attention(queries[r : r + 1], keys, values, start + r, scale)[0])
 
 
-def test_verified_rows_equal_rows_decoded_alone():
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_verified_rows_equal_rows_decoded_alone(isa, monkeypatch):
     """The whole low-bit target is batch invariant: logits of tokens verified together are
     bit-identical to decoding them one at a time. This is what keeps greedy speculative output
     equal to plain output even on near-ties."""
     from app.engine.cached_model import cached
 
+    module = built(isa)
+    monkeypatch.setattr(kernel, "native", lambda: module)
     model = quantize_model(tiny_model(seed=6, hidden=64).model, 4)
     together, alone = cached(model), cached(model)
     prompt, tokens = torch.tensor([3, 9, 27, 81 % 96, 50]), torch.tensor([11, 22, 33, 44, 55, 66])

@@ -169,10 +169,9 @@ _STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def native_stack(model: nn.Module):
     """The C++ layer stack over the model's packed weights (shared, never copied), or None when
-    the kernel is not built, is the AVX2 build (the stack is AVX-512 code) or a projection is
-    not low-bit."""
+    the kernel is not built or a projection is not low-bit."""
     module = kernel.native()
-    if module is None or not hasattr(module, "LayerStack"):  # no kernel, or the AVX2 build
+    if module is None:
         return None
     if model not in _STACKS:
         qkv, gate_up = fused_projections(model)

@@ -9,10 +9,10 @@
 // when decoded alone (batch invariance, as for the linear layers), so greedy speculative output
 // equals plain output bit for bit.
 #include "kernel.h"
+#include "vec16.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,9 +22,9 @@
 
 namespace {
 
-inline __mmask16 lanes(int64_t remaining) {
+inline v16::Mask lanes(int64_t remaining) {
   if (remaining <= 0) return 0;
-  return remaining >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1);
+  return remaining >= 16 ? static_cast<v16::Mask>(0xFFFF) : static_cast<v16::Mask>((1u << remaining) - 1);
 }
 
 // Adds bias [width] to every row of out [n, width] in place.
@@ -34,9 +34,9 @@ void add_bias(at::Tensor& out, const at::Tensor& bias) {
   const float* b = bias.data_ptr<float>();
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t c = 0; c < width; c += 16) {
-      const __mmask16 m = lanes(width - c);
+      const v16::Mask m = lanes(width - c);
       float* at = dst + r * width + c;
-      _mm512_mask_storeu_ps(at, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, at), _mm512_maskz_loadu_ps(m, b + c)));
+      v16::store(at, m, v16::add(v16::load(m, at), v16::load(m, b + c)));
     }
   }
 }
@@ -88,25 +88,25 @@ void rotate(float* x, int64_t heads, int64_t head_dim, const float* cos, const f
 
 // e^x for x <= 0 (scores minus their maximum): 2^(x log2 e) split into an integer power and a
 // polynomial of degree 7 on [-0.5, 0.5] (relative error about 2e-9 before float rounding).
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, whole);
+inline v16::Vec exp_nonpositive(v16::Vec x) {
+  x = v16::max(x, v16::set1(-87.f));
+  const v16::Vec t = v16::mul(x, v16::set1(1.44269504088896341f));
+  const v16::Vec whole = v16::round(t);
+  const v16::Vec f = v16::sub(t, whole);
   constexpr float c[] = {1.f, 0.693147180559945f, 0.240226506959101f, 0.0555041086648216f,
                          0.00961812910762848f, 0.00133335581464284f, 0.000154035303933816f,
                          1.52527338040598e-05f};
-  __m512 p = _mm512_set1_ps(c[7]);
-  for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
-  return _mm512_scalef_ps(p, whole);
+  v16::Vec p = v16::set1(c[7]);
+  for (int i = 6; i >= 0; --i) p = v16::fmadd(p, f, v16::set1(c[i]));
+  return v16::scalef(p, whole);
 }
 
 // Zeroed accumulators for Blocks blocks of 16 lanes, and which lanes of each hold one of the
 // `remaining` elements.
 template <int64_t Blocks>
-inline void start_blocks(__m512* acc, __mmask16* valid, int64_t remaining) {
+inline void start_blocks(v16::Vec* acc, v16::Mask* valid, int64_t remaining) {
   for (int64_t b = 0; b < Blocks; ++b) {
-    acc[b] = _mm512_setzero_ps();
+    acc[b] = v16::zero();
     valid[b] = lanes(remaining - 16 * b);
   }
 }
@@ -135,41 +135,41 @@ void with_heads(int64_t heads, F&& f) {
 template <int H>
 __attribute__((noinline)) void score_block(const float* queries, const float* keys, int64_t j0, int64_t length,
                                            int64_t head_dim, float scaling, float* scores, int64_t score_stride,
-                                           __m512* best) {
+                                           v16::Vec* best) {
   constexpr int64_t kBlocks = kKeyBlock / 16;  // four independent FMA chains per head
-  __m512 dot[H][kBlocks];
-  __mmask16 valid[kBlocks];
+  v16::Vec dot[H][kBlocks];
+  v16::Mask valid[kBlocks];
   for (int h = 0; h < H; ++h) start_blocks<kBlocks>(dot[h], valid, length - j0);
   const float* block = keys + j0 * head_dim;  // j0 is a multiple of kKeyBlock
   for (int64_t d = 0; d < head_dim; ++d) {
     const float* row = block + d * kKeyBlock;
-    __m512 key[kBlocks];
-    for (int64_t b = 0; b < kBlocks; ++b) key[b] = _mm512_maskz_loadu_ps(valid[b], row + 16 * b);
+    v16::Vec key[kBlocks];
+    for (int64_t b = 0; b < kBlocks; ++b) key[b] = v16::load(valid[b], row + 16 * b);
     for (int h = 0; h < H; ++h) {
-      const __m512 q = _mm512_set1_ps(queries[h * head_dim + d]);
-      for (int64_t b = 0; b < kBlocks; ++b) dot[h][b] = _mm512_fmadd_ps(q, key[b], dot[h][b]);
+      const v16::Vec q = v16::set1(queries[h * head_dim + d]);
+      for (int64_t b = 0; b < kBlocks; ++b) dot[h][b] = v16::fmadd(q, key[b], dot[h][b]);
     }
   }
   for (int h = 0; h < H; ++h) {
     for (int64_t b = 0; b < kBlocks; ++b) {
-      const __m512 scaled = _mm512_mul_ps(dot[h][b], _mm512_set1_ps(scaling));
-      _mm512_mask_storeu_ps(scores + h * score_stride + j0 + 16 * b, valid[b], scaled);
-      best[h] = _mm512_mask_max_ps(best[h], valid[b], best[h], scaled);
+      const v16::Vec scaled = v16::mul(dot[h][b], v16::set1(scaling));
+      v16::store(scores + h * score_stride + j0 + 16 * b, valid[b], scaled);
+      best[h] = v16::mask_max(best[h], valid[b], best[h], scaled);
     }
   }
 }
 
 // scores [length] -> e^(score - max) in place; returns 1 / their sum.
-float exponentiate(float* scores, int64_t length, __m512 best) {
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
-  __m512 total = _mm512_setzero_ps();
+float exponentiate(float* scores, int64_t length, v16::Vec best) {
+  const v16::Vec top = v16::set1(v16::reduce_max(best));
+  v16::Vec total = v16::zero();
   for (int64_t j = 0; j < length; j += 16) {
-    const __mmask16 m = lanes(length - j);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), top));
-    _mm512_mask_storeu_ps(scores + j, m, e);
-    total = _mm512_add_ps(total, _mm512_maskz_mov_ps(m, e));
+    const v16::Mask m = lanes(length - j);
+    const v16::Vec e = exp_nonpositive(v16::sub(v16::load(m, scores + j), top));
+    v16::store(scores + j, m, e);
+    total = v16::add(total, v16::maskz_mov(m, e));
   }
-  return 1.f / _mm512_reduce_add_ps(total);
+  return 1.f / v16::reduce_add(total);
 }
 
 // out [H, head_dim] += the weights (H rows of `score_stride`) of keys j0 .. end - 1 times their
@@ -180,25 +180,25 @@ __attribute__((noinline)) void value_block(const float* weights, int64_t score_s
                                            int64_t end, int64_t head_dim, float* out) {
   constexpr int64_t kBlocks = 4;  // 64 components at a time, in registers
   for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kBlocks) {
-    __m512 acc[H][kBlocks];
-    __mmask16 valid[kBlocks];
+    v16::Vec acc[H][kBlocks];
+    v16::Mask valid[kBlocks];
     for (int h = 0; h < H; ++h) {
       start_blocks<kBlocks>(acc[h], valid, head_dim - d0);
       if (j0 > 0) {
-        for (int64_t b = 0; b < kBlocks; ++b) acc[h][b] = _mm512_maskz_loadu_ps(valid[b], out + h * head_dim + d0 + 16 * b);
+        for (int64_t b = 0; b < kBlocks; ++b) acc[h][b] = v16::load(valid[b], out + h * head_dim + d0 + 16 * b);
       }
     }
     for (int64_t j = j0; j < end; ++j) {
       const float* row = values + j * head_dim + d0;
-      __m512 value[kBlocks];
-      for (int64_t b = 0; b < kBlocks; ++b) value[b] = _mm512_maskz_loadu_ps(valid[b], row + 16 * b);
+      v16::Vec value[kBlocks];
+      for (int64_t b = 0; b < kBlocks; ++b) value[b] = v16::load(valid[b], row + 16 * b);
       for (int h = 0; h < H; ++h) {
-        const __m512 weight = _mm512_set1_ps(weights[h * score_stride + j]);
-        for (int64_t b = 0; b < kBlocks; ++b) acc[h][b] = _mm512_fmadd_ps(weight, value[b], acc[h][b]);
+        const v16::Vec weight = v16::set1(weights[h * score_stride + j]);
+        for (int64_t b = 0; b < kBlocks; ++b) acc[h][b] = v16::fmadd(weight, value[b], acc[h][b]);
       }
     }
     for (int h = 0; h < H; ++h) {
-      for (int64_t b = 0; b < kBlocks; ++b) _mm512_mask_storeu_ps(out + h * head_dim + d0 + 16 * b, valid[b], acc[h][b]);
+      for (int64_t b = 0; b < kBlocks; ++b) v16::store(out + h * head_dim + d0 + 16 * b, valid[b], acc[h][b]);
     }
   }
 }
@@ -215,7 +215,7 @@ void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64
   // the loads of a share of 2 would feed only half as many products)
   const int64_t shares = (group + kMaxHeads - 1) / kMaxHeads, share = (group + shares - 1) / shares;
   std::vector<float> scores(rows * group * stride);
-  std::vector<__m512> best(rows * group, _mm512_set1_ps(-INFINITY));
+  std::vector<v16::Vec> best(rows * group, v16::set1(-INFINITY));
   // Query head h of row r (counted from `first`) within the group: its scores, its output
   const auto score_row = [&](int64_t r, int64_t h) { return scores.data() + (r * group + h) * stride; };
   const auto query = [&](int64_t r, int64_t h) { return queries + (first + r) * q_stride + (g * group + h) * head_dim; };
@@ -248,10 +248,10 @@ void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < group; ++h) {
       float* o = output(r, h);
-      const __m512 scale = _mm512_set1_ps(inverse[r * group + h]);
+      const v16::Vec scale = v16::set1(inverse[r * group + h]);
       for (int64_t d = 0; d < head_dim; d += 16) {
-        const __mmask16 m = lanes(head_dim - d);
-        _mm512_mask_storeu_ps(o + d, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, o + d), scale));
+        const v16::Mask m = lanes(head_dim - d);
+        v16::store(o + d, m, v16::mul(v16::load(m, o + d), scale));
       }
     }
   }
@@ -285,15 +285,15 @@ void causal_attention(const float* queries, int64_t q_stride, int64_t n, int64_t
 // of the pass). silu(x) = x * sigmoid(x), and sigmoid is 1 / (1 + e) for x >= 0 and e / (1 + e)
 // below, with e = exp(-|x|) <= 1, so the exponential never overflows.
 void swiglu(const float* gate, const float* up, int64_t inner, float* out) {
-  const __m512 one = _mm512_set1_ps(1.f);
+  const v16::Vec one = v16::set1(1.f);
   for (int64_t i = 0; i < inner; i += 16) {
-    const __mmask16 m = lanes(inner - i);
-    const __m512 x = _mm512_maskz_loadu_ps(m, gate + i);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
-    const __m512 inverse = _mm512_div_ps(one, _mm512_add_ps(one, e));
-    const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-    const __m512 sigmoid = _mm512_mask_mul_ps(inverse, negative, e, inverse);
-    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sigmoid), _mm512_maskz_loadu_ps(m, up + i)));
+    const v16::Mask m = lanes(inner - i);
+    const v16::Vec x = v16::load(m, gate + i);
+    const v16::Vec e = exp_nonpositive(v16::sub(v16::zero(), v16::abs(x)));
+    const v16::Vec inverse = v16::div(one, v16::add(one, e));
+    const v16::Mask negative = v16::less_than(x, v16::zero());
+    const v16::Vec sigmoid = v16::mask_mul(inverse, negative, e, inverse);
+    v16::store(out + i, m, v16::mul(v16::mul(x, sigmoid), v16::load(m, up + i)));
   }
 }
 

@@ -1,6 +1,5 @@
 """The C++ kernel, compiled on first use with torch's extension builder and cached. It is built
-for the CPU's best instruction set: AVX-512 VNNI (the linear layers and the whole layer stack) or
-AVX2 (the linear layers; the layers then run as a Python loop around them). When it cannot be
+for the CPU's best instruction set: AVX-512 VNNI or, on most laptops, AVX2. When it cannot be
 built (no compiler, a CPU with neither), the pure-torch reference runs instead (slow)."""
 from __future__ import annotations
 
@@ -19,15 +18,16 @@ from ..cache import cache_root
 from .packing import PackedWeight, dequantize, reference_linear
 
 HERE = Path(__file__).parent
-HEADERS = [HERE / "kernel.h"]
-# Per instruction set: the CPU flags it needs, the sources (the layer stack is AVX-512 code) and
-# the compiler flags. -ffp-contract=off keeps each float step as written (both builds then give
-# the same bits); -fopenmp makes at::parallel_for split the work over torch's threads (without it
-# the header template runs serially), and the library binds to the libgomp torch has loaded.
+SOURCES = ["kernel.cpp", "decoder.cpp", "bindings.cpp"]
+HEADERS = [HERE / "kernel.h", HERE / "vec16.h"]
+# Per instruction set: the CPU flags it needs and the compiler flags. -ffp-contract=off keeps
+# each float step as written (the linear layers of both builds then give the same bits);
+# -fopenmp makes at::parallel_for split the work over torch's threads (without it the header
+# template runs serially), and the library binds to the libgomp torch has loaded.
 ISAS = {
-    "avx512": ({"avx512f", "avx512bw", "avx512_vnni"}, ["kernel.cpp", "decoder.cpp", "bindings.cpp"],
+    "avx512": ({"avx512f", "avx512bw", "avx512_vnni"},
                ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]),
-    "avx2": ({"avx2", "fma", "f16c"}, ["kernel.cpp", "bindings.cpp"], ["-mavx2", "-mfma", "-mf16c"]),
+    "avx2": ({"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
 }
 COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 MODULE_NAMES = {"avx512": "specchat_lowbit", "avx2": "specchat_lowbit_avx2"}  # one per build, both loadable at once
@@ -80,9 +80,8 @@ def build_id() -> str:
 @functools.cache
 def _source_digest(isa: str) -> str:
     """Sources, flags and the torch and Python it is built against: what makes one build."""
-    _, sources, flags = ISAS[isa]
-    digest = hashlib.sha256(" ".join(COMMON_FLAGS + flags + [torch.__version__, sys.implementation.cache_tag]).encode())
-    for source in [HERE / name for name in sources] + HEADERS:
+    digest = hashlib.sha256(" ".join(COMMON_FLAGS + ISAS[isa][1] + [torch.__version__, sys.implementation.cache_tag]).encode())
+    for source in [HERE / name for name in SOURCES] + HEADERS:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -112,7 +111,6 @@ def _build_for_machine():
 def _build_for(isa: str):
     from torch.utils import cpp_extension
 
-    _, sources, flags = ISAS[isa]
     name = MODULE_NAMES[isa]
     # One folder per build: a library already there was built from these very sources, so it is
     # loaded as it is. torch's builder would rebuild it (about 24 s) whenever the sources' paths
@@ -130,7 +128,7 @@ def _build_for(isa: str):
             pass  # an unfinished build: built again below
     try:
         module = cpp_extension.load(
-            name=name, sources=[str(HERE / source) for source in sources], extra_cflags=COMMON_FLAGS + flags,
+            name=name, sources=[str(HERE / source) for source in SOURCES], extra_cflags=COMMON_FLAGS + ISAS[isa][1],
             extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False,
         )
     except Exception as error:  # no compiler, no headers, no ninja: the reference path still works
