@@ -400,19 +400,24 @@ inline __m256i chunk_weights(const uint8_t* lines, int chunk, int half) {
   return value;
 }
 
-// Per 32-bit lane, the sum of 4 products of unsigned weights and signed activations, as one
-// VNNI dpbusd computes it. maddubs adds pairs into 16 bits with saturation: 4- and 6-bit weights
-// stay below it (63 * 127 * 2 < 32767); 8-bit weights are taken as w - 128 (signed, the caller
-// adds 128 * the sum of the activations), whose pairs reach at most 128 * 127 * 2.
+// Per 16-bit lane, the sum of 2 products of unsigned weights and signed activations (maddubs).
+// Its pair sums saturate at 16 bits: 4- and 6-bit weights stay below (63 * 127 * 2 < 32767);
+// 8-bit weights are taken as w - 128 (signed; the caller adds 128 * the sum of the
+// activations), whose pairs reach at most 128 * 127 * 2.
 template <int Bits>
-inline __m256i dot4(__m256i weights, __m256i activations) {
-  const __m256i ones = _mm256_set1_epi16(1);
+inline __m256i pair_sums(__m256i weights, __m256i activations) {
   if constexpr (Bits == 8) {
     const __m256i centred = _mm256_xor_si256(weights, _mm256_set1_epi8(static_cast<char>(0x80)));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(activations, centred)), ones);
+    return _mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(activations, centred));
   }
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(weights, activations), ones);
+  return _mm256_maddubs_epi16(weights, activations);
 }
+
+// Chunks whose pair sums add up in 16 bits before madd widens them into the 32-bit lanes (the
+// sums of 4 inputs VNNI gives): exact while every partial sum stays below 32767. 4-bit: a group of
+// 8 chunks is at most 8 * 2 * 15 * 127 = 30480; 6-bit: 2 chunks 2 * 2 * 63 * 127 = 32004; 8-bit: 1.
+template <int Bits, int Chunks>
+constexpr int kChunksPerWidening = Bits == 4 ? Chunks : (Bits == 6 ? 2 : 1);
 
 inline __m256 load_halves(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -453,13 +458,17 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
     }
     const uint8_t* lines = q + g * kLines * 64;
     for (int line = 0; line < kLines; ++line) _mm_prefetch(reinterpret_cast<const char*>(lines + kAhead * kLines * 64 + line * 64), _MM_HINT_T1);
-    __m256i dot[Rows][2];
+    int32_t start[Rows];
     for (int r = 0; r < Rows; ++r) {
-      // Symmetric weights start at -32 * (sum of the activations), 8-bit ones at +128 * it (see dot4)
-      const int32_t start = kSymmetric ? -32 * act.sum[r * groups + g] : (Bits == 8 ? 128 * act.sum[r * groups + g] : 0);
-      dot[r][0] = dot[r][1] = _mm256_set1_epi32(start);
+      // Symmetric weights start at -32 * (sum of the activations), 8-bit ones at +128 * it (see pair_sums)
+      start[r] = kSymmetric ? -32 * act.sum[r * groups + g] : (Bits == 8 ? 128 * act.sum[r * groups + g] : 0);
     }
+    // Set at the first widening: with one widening per group (4 bits) no register holds it meanwhile
+    __m256i dot[Rows][2];
     const int8_t* a = act.q + g * Chunks * 4;
+    constexpr int kWiden = kChunksPerWidening<Bits, Chunks>;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i pairs[Rows][2];  // 16-bit sums of the chunks since the last widening
     for (int chunk = 0; chunk < Chunks; ++chunk) {
       const __m256i w0 = chunk_weights<Chunks, Bits>(lines, chunk, 0);
       const __m256i w1 = chunk_weights<Chunks, Bits>(lines, chunk, 1);
@@ -467,8 +476,15 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
         int32_t word;
         std::memcpy(&word, a + r * act.k + 4 * chunk, 4);
         const __m256i activations = _mm256_set1_epi32(word);
-        dot[r][0] = _mm256_add_epi32(dot[r][0], dot4<Bits>(w0, activations));
-        dot[r][1] = _mm256_add_epi32(dot[r][1], dot4<Bits>(w1, activations));
+        const __m256i p0 = pair_sums<Bits>(w0, activations), p1 = pair_sums<Bits>(w1, activations);
+        pairs[r][0] = chunk % kWiden ? _mm256_add_epi16(pairs[r][0], p0) : p0;
+        pairs[r][1] = chunk % kWiden ? _mm256_add_epi16(pairs[r][1], p1) : p1;
+        if (chunk % kWiden == kWiden - 1) {
+          for (int h = 0; h < 2; ++h) {
+            const __m256i before = chunk == kWiden - 1 ? _mm256_set1_epi32(start[r]) : dot[r][h];
+            dot[r][h] = _mm256_add_epi32(before, _mm256_madd_epi16(pairs[r][h], ones));
+          }
+        }
       }
     }
     for (int h = 0; h < 2; ++h) {
