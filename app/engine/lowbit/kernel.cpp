@@ -101,44 +101,30 @@ void check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tens
   for (const at::Tensor& t : {scale, min, scale_step, min_step}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
 }
 
+// One group of activations quantized: its int8 step and the sum of its int8 values.
+struct GroupQuantized {
+  float step;
+  int32_t sum;
+};
+
 #ifdef __AVX512VNNI__
 constexpr int kMaxRows = 4;  // rows per register block (x 2 tiles x 2 accumulators)
 
-// Symmetric int8 per row and group; the same arithmetic as packing.quantize_activations
-// (max |x|, one division each for the step and its inverse, round half to even), 16 values per
-// instruction and groups shared between threads: done one value at a time it had cost as much
-// as the products themselves on a few rows.
-QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
-  const int64_t rows = x.size(0), k = x.size(1), groups = k / group;
-  QuantizedRows out{at::empty({rows, k}, at::kChar), at::empty({rows, groups}, at::kFloat),
-                    at::empty({rows, groups}, at::kFloat), at::empty({rows, groups}, at::kInt)};
-  const float* src = x.data_ptr<float>();
-  int8_t* q = out.q.data_ptr<int8_t>();
-  float* scale = out.scale.data_ptr<float>();
-  float* scaled_sum = out.scaled_sum.data_ptr<float>();
-  int32_t* int_sum = out.sum.data_ptr<int32_t>();
-  at::parallel_for(0, rows * groups, 1024, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* v = src + i * group;
-      __m512 largest = _mm512_setzero_ps();
-      for (int64_t j = 0; j < group; j += 16) largest = _mm512_max_ps(largest, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
-      const float amax = _mm512_reduce_max_ps(largest);
-      const float step = amax / 127.f;
-      const __m512 inverse = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-      __m512i sum = _mm512_setzero_si512();
-      for (int64_t j = 0; j < group; j += 16) {
-        // the default rounding mode: to nearest, ties to even, as std::nearbyint and torch.round
-        const __m512i value = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + j), inverse));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * group + j), _mm512_cvtepi32_epi8(value));
-        sum = _mm512_add_epi32(sum, value);
-      }
-      const int32_t total = _mm512_reduce_add_epi32(sum);
-      scale[i] = step;
-      scaled_sum[i] = step * static_cast<float>(total);
-      int_sum[i] = total;
-    }
-  });
-  return out;
+// One group of activations as int8, 16 values per instruction (see quantize_rows): q [group];
+// returns the group's step and the sum of its int8 values.
+inline GroupQuantized quantize_group(const float* v, int64_t group, int8_t* q) {
+  __m512 largest = _mm512_setzero_ps();
+  for (int64_t j = 0; j < group; j += 16) largest = _mm512_max_ps(largest, _mm512_abs_ps(_mm512_loadu_ps(v + j)));
+  const float amax = _mm512_reduce_max_ps(largest);
+  const __m512 inverse = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m512i sum = _mm512_setzero_si512();
+  for (int64_t j = 0; j < group; j += 16) {
+    // the default rounding mode: to nearest, ties to even, as std::nearbyint and torch.round
+    const __m512i value = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + j), inverse));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm512_cvtepi32_epi8(value));
+    sum = _mm512_add_epi32(sum, value);
+  }
+  return {amax / 127.f, _mm512_reduce_add_epi32(sum)};
 }
 
 inline __m512i broadcast4(const int8_t* p) {
@@ -339,48 +325,31 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
 }
 
 #else  // AVX2
-constexpr int kMaxRows = 2;  // rows per register block (x 2 halves, accumulators and dot products: 16 registers)
+constexpr int kMaxRows = 2;  // rows per register block (x 2 halves: accumulators and sums in 16 registers)
 
-// As the AVX-512 quantize_rows, 8 values at a time: the same max |x|, divisions and rounding.
-QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
-  const int64_t rows = x.size(0), k = x.size(1), groups = k / group;
-  QuantizedRows out{at::empty({rows, k}, at::kChar), at::empty({rows, groups}, at::kFloat),
-                    at::empty({rows, groups}, at::kFloat), at::empty({rows, groups}, at::kInt)};
-  const float* src = x.data_ptr<float>();
-  int8_t* q = out.q.data_ptr<int8_t>();
-  float* scale = out.scale.data_ptr<float>();
-  float* scaled_sum = out.scaled_sum.data_ptr<float>();
-  int32_t* int_sum = out.sum.data_ptr<int32_t>();
-  at::parallel_for(0, rows * groups, 1024, [&](int64_t begin, int64_t end) {
-    const __m256 sign = _mm256_set1_ps(-0.f);
-    for (int64_t i = begin; i < end; ++i) {
-      const float* v = src + i * group;
-      __m256 largest = _mm256_setzero_ps();
-      for (int64_t j = 0; j < group; j += 8) largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)));
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, largest);
-      const float amax = *std::max_element(lanes, lanes + 8);
-      const float step = amax / 127.f;
-      const __m256 inverse = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-      __m256i sum = _mm256_setzero_si256();
-      for (int64_t j = 0; j < group; j += 8) {
-        // the default rounding mode: to nearest, ties to even, as std::nearbyint and torch.round
-        const __m256i value = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + j), inverse));
-        alignas(32) int32_t values[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(values), value);
-        for (int b = 0; b < 8; ++b) q[i * group + j + b] = static_cast<int8_t>(values[b]);  // within +-127
-        sum = _mm256_add_epi32(sum, value);
-      }
-      alignas(32) int32_t sums[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sums), sum);
-      int32_t total = 0;
-      for (int b = 0; b < 8; ++b) total += sums[b];
-      scale[i] = step;
-      scaled_sum[i] = step * static_cast<float>(total);
-      int_sum[i] = total;
-    }
-  });
-  return out;
+// As the AVX-512 quantize_group, 8 values at a time: the same max |x|, divisions and rounding.
+inline GroupQuantized quantize_group(const float* v, int64_t group, int8_t* q) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 largest = _mm256_setzero_ps();
+  for (int64_t j = 0; j < group; j += 8) largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, largest);
+  const float amax = *std::max_element(lanes, lanes + 8);
+  const __m256 inverse = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m256i sum = _mm256_setzero_si256();
+  for (int64_t j = 0; j < group; j += 8) {
+    // the default rounding mode: to nearest, ties to even, as std::nearbyint and torch.round
+    const __m256i value = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + j), inverse));
+    alignas(32) int32_t values[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(values), value);
+    for (int b = 0; b < 8; ++b) q[j + b] = static_cast<int8_t>(values[b]);  // within +-127
+    sum = _mm256_add_epi32(sum, value);
+  }
+  alignas(32) int32_t sums[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sums), sum);
+  int32_t total = 0;
+  for (int b = 0; b < 8; ++b) total += sums[b];
+  return {amax / 127.f, total};
 }
 
 // Half `half` (outputs 8 * half .. 8 * half + 7) of a chunk's unsigned weights: the bytes of
@@ -544,6 +513,30 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
   }
 }
 #endif
+
+// Symmetric int8 per row and group; the same arithmetic as packing.quantize_activations
+// (max |x|, one division each for the step and its inverse, round half to even), a vector of
+// values per instruction and groups shared between threads: done one value at a time it had cost
+// as much as the products themselves on a few rows.
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / group;
+  QuantizedRows out{at::empty({rows, k}, at::kChar), at::empty({rows, groups}, at::kFloat),
+                    at::empty({rows, groups}, at::kFloat), at::empty({rows, groups}, at::kInt)};
+  const float* src = x.data_ptr<float>();
+  int8_t* q = out.q.data_ptr<int8_t>();
+  float* scale = out.scale.data_ptr<float>();
+  float* scaled_sum = out.scaled_sum.data_ptr<float>();
+  int32_t* int_sum = out.sum.data_ptr<int32_t>();
+  at::parallel_for(0, rows * groups, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const GroupQuantized quantized = quantize_group(src + i * group, group, q + i * group);
+      scale[i] = quantized.step;
+      scaled_sum[i] = quantized.step * static_cast<float>(quantized.sum);
+      int_sum[i] = quantized.sum;
+    }
+  });
+  return out;
+}
 
 }  // namespace
 

@@ -80,7 +80,8 @@ def build_id() -> str:
 @functools.cache
 def _source_digest(isa: str) -> str:
     """Sources, flags and the torch and Python it is built against: what makes one build."""
-    digest = hashlib.sha256(" ".join(COMMON_FLAGS + ISAS[isa][1] + [torch.__version__, sys.implementation.cache_tag]).encode())
+    flags = COMMON_FLAGS + ISAS[isa][1]
+    digest = hashlib.sha256(" ".join(flags + [torch.__version__, sys.implementation.cache_tag]).encode())
     for source in [HERE / name for name in SOURCES] + HEADERS:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
