@@ -167,6 +167,11 @@ def test_gguf_rows_follow_the_architecture_order():
     assert torch.equal(packing.dequantize(packed_from_gguf(data, qtype, (32, 64), order)), straight.flip(0))
 
 
+def wide_low_bit(seed: int, bits: int) -> LoadedModel:
+    """A tiny low-bit model 64 wide: two groups per row, and q/k/v and gate/up fused."""
+    return LoadedModel(f"t-{seed}", quantize_model(tiny_model(seed, hidden=64).model, bits), tiny_model(seed).tokenizer)
+
+
 def low_bit_copy(model: LoadedModel, bits: int) -> LoadedModel:
     copy = tiny_model(seed=int(model.name.split("-")[1]))  # same weights, a fresh float copy
     return LoadedModel(f"{model.name}-q{bits}", quantize_model(copy.model, bits), copy.tokenizer)
@@ -198,9 +203,7 @@ def test_low_bit_greedy_equivalence_without_the_native_kernel(monkeypatch):
     a time included (an embedding lookup within one tile of 16 rows, over two groups), and
     speculation keeps its output."""
     monkeypatch.setattr(kernel, "native", lambda: None)
-    quantized = lambda seed, bits: LoadedModel(f"t-{seed}", quantize_model(tiny_model(seed, hidden=64).model, bits),
-                                               tiny_model(seed).tokenizer)
-    engine = SpeculativeEngine(quantized(5, 8), quantized(6, 4))
+    engine = SpeculativeEngine(wide_low_bit(5, 8), wide_low_bit(6, 4))
     prompt = [5, 9, 2, 7]
     plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=12)
     assert len(plain) == 12 and generated_ids(engine, prompt, k=3, max_new_tokens=12) == plain
@@ -213,9 +216,7 @@ def test_low_bit_greedy_equivalence_with_the_avx2_build(monkeypatch):
 
     avx2 = built("avx2")
     monkeypatch.setattr(kernel, "native", lambda: avx2)
-    quantized = lambda seed, bits: LoadedModel(f"t-{seed}", quantize_model(tiny_model(seed, hidden=64).model, bits),
-                                               tiny_model(seed).tokenizer)
-    target, draft = quantized(5, 8), quantized(6, 4)
+    target, draft = wide_low_bit(5, 8), wide_low_bit(6, 4)
     assert lean_decoder.native_stack(target.model) is not None
     engine = SpeculativeEngine(target, draft)
     prompt = [5, 9, 2, 7]

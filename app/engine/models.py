@@ -100,7 +100,8 @@ def load_model(
         if on_cpu and precision.low_bit:
             build_in_background()  # compiles (first start only) while the weights load
             model, tokenizer = _load_low_bit(source, packaged, precision, report)
-            kernel_note = (f", slow path: {why_not_native()}" if why_not_native() is not None
+            slow_path = why_not_native()
+            kernel_note = (f", slow path: {slow_path}" if slow_path is not None
                            else ", AVX2 kernel" if machine_isa() == "avx2" else "")
             return LoadedModel(name, model, tokenizer, f"{precision.value}{kernel_note}")
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)

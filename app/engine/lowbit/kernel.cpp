@@ -49,6 +49,11 @@ struct Activations {
   const float* scaled_sum;
   const int32_t* sum;
   int64_t k;
+
+  // The block of rows that starts at row r0 (of `groups` groups each).
+  Activations from_row(int64_t r0, int64_t groups) const {
+    return {q + r0 * k, step + r0 * groups, scaled_sum + r0 * groups, sum + r0 * groups, k};
+  }
 };
 
 // Bits whose scales and mins are int8 codes times a float16 step per super-block.
@@ -315,8 +320,7 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
     const int block = std::min(kMaxRows, rows - r0);
     const int pass = r0 / kMaxRows;
     const uint8_t* tq = q + t * tile_bytes;
-    const Activations block_act{act.q + r0 * act.k, act.step + r0 * groups, act.scaled_sum + r0 * groups,
-                                act.sum + r0 * groups, act.k};
+    const Activations block_act = act.from_row(r0, groups);
     float* to = out + r0 * n + t * kTile;
     if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
     else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
@@ -503,8 +507,7 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
     for (int r0 = 0; r0 < rows; r0 += kMaxRows) {
       const int block = std::min(kMaxRows, rows - r0);
       const uint8_t* tq = q + tile * tile_bytes;
-      const Activations block_act{act.q + r0 * act.k, act.step + r0 * groups, act.scaled_sum + r0 * groups,
-                                  act.sum + r0 * groups, act.k};
+      const Activations block_act = act.from_row(r0, groups);
       float* to = out + r0 * n + tile * kTile;
       if (bits == 4) tile_rows<4>(group, block, tq, p, groups, params.per_step, block_act, to, n);
       else if (bits == 6) tile_rows<6>(group, block, tq, p, groups, params.per_step, block_act, to, n);
