@@ -12,7 +12,7 @@ from app.engine.lowbit.gguf_weights import packed_from_gguf
 from app.engine.lowbit.modules import LowBitLinear, quantize_model
 from app.engine.models import LoadedModel, Precision, load_model
 from tests.helpers import all_steps, generated_ids
-from tests.tiny import tiny_model
+from tests.tiny import tiny_model, wide_low_bit
 
 FORMATS = [(4, 32), (8, 32), (8, 16), (4, 16), (6, 16), (6, 32)]
 
@@ -165,11 +165,6 @@ def test_gguf_rows_follow_the_architecture_order():
     order = np.arange(32)[::-1].copy()
     straight = packing.dequantize(packed_from_gguf(data, qtype, (32, 64)))
     assert torch.equal(packing.dequantize(packed_from_gguf(data, qtype, (32, 64), order)), straight.flip(0))
-
-
-def wide_low_bit(seed: int, bits: int) -> LoadedModel:
-    """A tiny low-bit model 64 wide: two groups per row, and q/k/v and gate/up fused."""
-    return LoadedModel(f"t-{seed}", quantize_model(tiny_model(seed, hidden=64).model, bits), tiny_model(seed).tokenizer)
 
 
 def low_bit_copy(model: LoadedModel, bits: int) -> LoadedModel:

@@ -47,6 +47,13 @@ def tiny_model(
     return LoadedModel(name=f"tiny-{seed}", model=model, tokenizer=tiny_tokenizer(vocab_size, prefix))
 
 
+def wide_low_bit(seed: int, bits: int) -> LoadedModel:
+    """A tiny low-bit model 64 wide: two groups per row, and q/k/v and gate/up fused."""
+    from app.engine.lowbit.modules import quantize_model
+
+    return LoadedModel(f"t-{seed}", quantize_model(tiny_model(seed, hidden=64).model, bits), tiny_model(seed).tokenizer)
+
+
 def tiny_sliding_model(seed: int, window: int = 16, vocab_size: int = 96) -> LoadedModel:
     """A tiny Mistral-architecture model whose attention sees only the last `window` tokens."""
     from transformers import MistralConfig, MistralForCausalLM

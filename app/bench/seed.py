@@ -50,6 +50,7 @@ def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: Generati
     token_ids = {}
     for mode in modes:
         speculative = mode == "speculative"
+        engine.forget()  # both modes read the whole prompt
         start = time.perf_counter()
         steps = list(engine.generate(prompt, replace(options, speculative=speculative)))
         seconds = time.perf_counter() - start

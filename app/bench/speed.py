@@ -86,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def ours(engine: SpeculativeEngine, options: GenerationOptions) -> Run:
     def run(prompt: list[int], max_new_tokens: int) -> RunResult:
+        engine.forget()  # every run reads its whole prompt, as the peers' runs do
         steps = list(engine.generate(prompt, replace(options, max_new_tokens=max_new_tokens)))
         return RunResult([t.id for s in steps for t in s.tokens], steps[-1].stats)
 

@@ -52,6 +52,7 @@ class AnswerBuilder:
             first_token_seconds=old.first_token_seconds if old.first_token_seconds is not None or not stats.emitted
             else round(seconds, 3),
             drafted=stats.drafted, accepted=stats.accepted, looked_up=stats.looked_up, target_passes=stats.target_passes,
+            cached_prompt_tokens=stats.cached_prompt_tokens,
             draft_seconds=round(stats.draft_seconds, 3), target_seconds=round(stats.target_seconds, 3),
             accepted_lengths=stats.accepted_lengths,
             acceptance_trace=old.acceptance_trace + ((round(stats.acceptance_rate, 4),) if stats.drafted else ()),

@@ -25,7 +25,9 @@ class TokenRecord:
 
 @dataclass(frozen=True)
 class Comparison:
-    """An answer rerun with speculation off (same prompt, seed and sampling)."""
+    """An answer rerun with speculation off (same prompt, seed and sampling). The speeds are
+    of decoding, the prompt's reading left out: the rerun finds its prompt in the cache the
+    answer left, while the answer itself may have read all of it or only its last message."""
 
     speculative_tokens_per_s: float
     plain_tokens_per_s: float
@@ -43,7 +45,7 @@ class Comparison:
         if not identical:
             a, b = answer.content, plain.content
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        return cls(round(answer.stats.tokens_per_s, 3), round(plain.stats.tokens_per_s, 3), identical, first)
+        return cls(round(answer.stats.decode_tokens_per_s, 3), round(plain.stats.decode_tokens_per_s, 3), identical, first)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class AnswerStats:
     finish: FinishReason | None = None
     token_ids: tuple[int, ...] = ()
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of those, what the cache held from an earlier request
     context_length: int = 0  # the model's window (0: unknown)
     comparison: Comparison | None = None  # set by Compare
     # The generation settings it was made with (session.settings_of, as JSON text: stats are
@@ -76,6 +79,12 @@ class AnswerStats:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second of drafting and verifying, the prompt's reading left out."""
+        seconds = self.draft_seconds + self.target_seconds
+        return self.tokens / seconds if seconds else 0.0
 
     @property
     def acceptance_rate(self) -> float:

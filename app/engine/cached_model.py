@@ -1,4 +1,8 @@
-"""A causal LM with its KV cache; rollback is cropping the cache to a committed length."""
+"""A causal LM with its KV cache; rollback is cropping the cache to a committed length.
+
+Both cached models (this one and lean_decoder.LeanDecoder) remember which tokens their cache
+holds, so a request can keep what an earlier one left (keep_prefix): the conversation so far,
+a regenerated answer's prompt."""
 from __future__ import annotations
 
 import time
@@ -6,6 +10,7 @@ from collections.abc import Iterable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
 
 class CachedModel:
@@ -21,18 +26,29 @@ class CachedModel:
         # Sliding-window layers (Mistral, Gemma 2/3 style) keep only the window unless they record
         # the past; recording keeps the rejected tail until rollback crops it.
         self.cache.activate_past_recording()
-        self.length = 0  # tokens whose keys and values are in the cache
+        self.ids: list[int] = []  # the tokens whose keys and values are in the cache, in order
+        # Cropping a sliding-window layer far back breaks its shapes (transformers 5), so such a
+        # model keeps nothing from one request to the next; rollbacks within a step are short.
+        self.reuses_prefix = not any(isinstance(layer, DynamicSlidingWindowLayer) for layer in self.cache.layers)
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, keep: int) -> torch.Tensor:
         """token_ids [n] long, appended to the cache -> logits [keep, V] float32 of the last positions."""
-        out = self.model(
-            input_ids=token_ids.view(1, -1).to(self.device),
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        self.length += token_ids.numel()
+        try:
+            out = self.model(
+                input_ids=token_ids.view(1, -1).to(self.device),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+        except BaseException:
+            self.reset()  # some layers may hold the new tokens and others not: nothing there is reusable
+            raise
+        self.ids += token_ids.tolist()
         return out.logits[0, -keep:, : self.vocab_width].float()
 
     def feed(self, token_ids: torch.Tensor) -> None:
@@ -41,11 +57,26 @@ class CachedModel:
 
     def rollback(self, length: int) -> None:
         """Forget everything after the first `length` cached tokens (called after every step)."""
-        if length <= self.length:
+        if 0 < self.length and length <= self.length:  # an empty cache has nothing to crop (nor its layers' shapes)
             # transformers 5: a negative count removes tokens; 0 trims sliding-window layers back
             # to their window and is a no-op for the others
             self.cache.crop(length - self.length)
-            self.length = length
+            del self.ids[length:]
+
+
+def keep_prefix(model, token_ids: list[int]) -> int:
+    """Roll a cached model (either kind) back to the longest common prefix of what its cache
+    holds and token_ids; returns that prefix's length (the tokens it need not read again)."""
+    if not getattr(model, "reuses_prefix", True):
+        model.reset()
+        return 0
+    kept = 0
+    for cached_id, new_id in zip(model.ids, token_ids):
+        if cached_id != new_id:
+            break
+        kept += 1
+    model.rollback(kept)
+    return kept
 
 
 def cached(model: PreTrainedModel, vocab_width: int | None = None):

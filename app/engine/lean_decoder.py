@@ -48,11 +48,15 @@ class LeanDecoder:
         self.reset()
 
     def reset(self) -> None:
-        self.length = 0  # tokens whose keys and values are in the cache
+        self.ids: list[int] = []  # the tokens whose keys and values are in the cache, in order
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
 
     def rollback(self, length: int) -> None:
         """Forget everything after the first `length` cached tokens."""
-        self.length = min(length, self.length)
+        del self.ids[length:]
 
     def _reserve(self, needed: int) -> None:
         capacity = self.values[0].shape[2] if self.values else 0
@@ -125,7 +129,7 @@ class LeanDecoder:
                                         cos[0], sin[0], start)[None]
         else:
             hidden = self._layers(hidden, cos, sin, start, keep)
-        self.length = end
+        self.ids += token_ids.tolist()
         return _rms_norm(decoder.norm, hidden[0, -keep:])
 
     def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, keep: int) -> torch.Tensor:

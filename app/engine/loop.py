@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cached_model import CachedModel
+from .cached_model import CachedModel, keep_prefix
 from .errors import PromptTooLongError
 from .policy import DraftLengthPolicy
 from .proposers import Draft, Proposer
@@ -49,17 +49,19 @@ def speculative_generate(
     clock = _Clock(target.device)
 
     tokens = list(prompt_ids)
-    target.reset()
     started = clock.now()
-    # The last prompt token is fed together with the first draft.
-    if len(tokens) > 1:
-        target.feed(torch.tensor(tokens[:-1]))
-    proposer.begin(tokens)
-    stats = Stats(prefill_seconds=clock.now() - started)
-    # The draft model reads the prompt when it first drafts (the policy may decode plainly
-    # first); that reading is prefill, as it is for llama.cpp's speculative decoding, not a cost
-    # of the tokens generated.
-    prompt_unread_by_draft = len(tokens) - 1
+    # The cache keeps what an earlier request left that this prompt begins with (the
+    # conversation so far, a regenerated answer's prompt): only the rest is read. The last
+    # prompt token is fed together with the first draft.
+    cached = keep_prefix(target, tokens[:-1])
+    if len(tokens) - 1 > cached:
+        target.feed(torch.tensor(tokens[cached:-1]))
+    draft_cached = proposer.begin(tokens)
+    stats = Stats(prefill_seconds=clock.now() - started, cached_prompt_tokens=cached)
+    # The draft model reads the rest of the prompt when it first drafts (the policy may decode
+    # plainly first); that reading is prefill, as it is for llama.cpp's speculative decoding,
+    # not a cost of the tokens generated.
+    prompt_unread_by_draft = len(tokens) - 1 - draft_cached
 
     n_new = 0
     while n_new < budget:

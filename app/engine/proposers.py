@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from .cached_model import CachedModel
+from .cached_model import CachedModel, keep_prefix
 from .draft_vocabulary import DraftVocabulary
 from .sampling import SamplingParams, logits_to_probs, sample
 
@@ -33,7 +33,8 @@ class Draft:
 
 
 class Proposer(Protocol):
-    def begin(self, prompt_ids: list[int]) -> None: ...
+    # -> prompt tokens its model's cache still held from an earlier request (0 without a model)
+    def begin(self, prompt_ids: list[int]) -> int: ...
     def behind(self) -> int: ...  # committed tokens it must first be fed before it can draft
     def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft: ...
     def commit(self, n_accepted: int, next_token: int) -> None: ...
@@ -55,9 +56,10 @@ def continuation(ids: list[int], k: int, max_ngram: int, min_ngram: int) -> list
 class _Committed:
     """Shared bookkeeping: the committed tokens and the last draft."""
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int]) -> int:
         self.ids = list(prompt_ids)
         self.last_draft: list[int] = []
+        return 0
 
     def commit(self, n_accepted: int, next_token: int) -> None:
         self.ids += self.last_draft[:n_accepted] + [next_token]
@@ -85,11 +87,12 @@ class DraftModelProposer(_Committed):
         self.vocabulary = vocabulary
         self.lookup_tokens = lookup_tokens
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int]) -> int:
         super().begin(prompt_ids)
-        self.model.reset()
         if self.vocabulary is not None:
             self.vocabulary.reset(prompt_ids)
+        # Keep what the cache holds of the prompt but its last token, which the first draft step feeds.
+        return keep_prefix(self.model, prompt_ids[:-1])
 
     def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft:
         """k: tokens the draft model may draft (0: none); limit: tokens in all (default k)."""

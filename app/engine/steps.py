@@ -48,6 +48,7 @@ class Stats:
     prefill_seconds: float = 0.0
     accepted_lengths: tuple[int, ...] = ()  # accepted drafts per step that drafted
     looked_up: int = 0  # drafted tokens that were looked up in earlier text, not drafted by a model
+    cached_prompt_tokens: int = 0  # prompt tokens the target's cache held from an earlier request
 
     def after_step(self, n_drafted: int, n_accepted: int, n_emitted: int, draft_seconds: float,
                    target_seconds: float, prefill_seconds: float = 0.0, looked_up: int = 0) -> Stats:

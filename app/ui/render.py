@@ -195,12 +195,12 @@ def stats_line(stats: AnswerStats | None) -> str:
 
 
 def comparison_html(comparison: Comparison) -> str:
-    """Compare's result in one line: both speeds, the speedup, and whether the texts agree."""
+    """Compare's result in one line: both decoding speeds, the speedup, and whether the texts agree."""
     same = ("<b>identical texts</b>" if comparison.identical else
             f"<b>texts differ from character {comparison.first_difference}</b> "
             "(expected only when sampling with temperature > 0)")
     return (f"speculative {comparison.speculative_tokens_per_s:.2f} tok/s vs plain "
-            f"{comparison.plain_tokens_per_s:.2f} tok/s: <b>{comparison.speedup:.2f}x</b>, {same}")
+            f"{comparison.plain_tokens_per_s:.2f} tok/s decoding: <b>{comparison.speedup:.2f}x</b>, {same}")
 
 
 def _links(theme: Theme, *links: tuple[str, str]) -> str:

@@ -1,0 +1,99 @@
+"""A request keeps what the models' caches hold from the previous one that its prompt begins
+with (the conversation so far, a regenerated answer's prompt), and reads only the rest: the
+same tokens as reading the whole prompt again."""
+import threading
+
+import pytest
+
+from app.engine.cached_model import cached
+from app.engine.engine import SpeculativeEngine
+from app.engine.proposers import DraftModelProposer
+from app.engine.sampling import SamplingParams
+from tests.helpers import all_steps, generated_ids, options
+from tests.tiny import tiny_model, tiny_sliding_model, wide_low_bit
+
+PROMPT = list(range(1, 20))
+
+
+@pytest.fixture(scope="module", params=["low-bit", "float"])
+def engine(request):
+    """Low-bit models run the C++ layer stack (batch-invariant: the cached keys are the very ones
+    a fresh prefill computes); float ones run transformers' forward."""
+    if request.param == "low-bit":
+        return SpeculativeEngine(wide_low_bit(5, 8), wide_low_bit(5, 4))  # the same model in 4 bits: drafts agree
+    return SpeculativeEngine(tiny_model(seed=1), tiny_model(seed=1, init_range=0.21))
+
+
+def answered(engine: SpeculativeEngine, prompt: list[int], **overrides) -> tuple[list[int], int]:
+    """The answer's ids and how many prompt tokens the target found in its cache."""
+    steps = all_steps(engine, prompt, **{"k": 4, "max_new_tokens": 24, **overrides})
+    return [token.id for step in steps for token in step.tokens], steps[-1].stats.cached_prompt_tokens
+
+
+def read_afresh(engine: SpeculativeEngine, prompt: list[int], **overrides) -> list[int]:
+    engine.forget()
+    ids, cached = answered(engine, prompt, **overrides)
+    assert cached == 0
+    return ids
+
+
+def test_a_follow_up_reads_only_what_its_prompt_adds(engine):
+    engine.forget()
+    answer, cached = answered(engine, PROMPT)
+    assert cached == 0
+    follow_up = PROMPT + answer + [7, 8, 9]
+    ids, cached = answered(engine, follow_up)
+    # The cache holds the prompt and the answer but its last token (no step fed that one)
+    assert cached == len(PROMPT) + len(answer) - 1
+    assert ids == read_afresh(engine, follow_up) == read_afresh(engine, follow_up, speculative=False)
+
+
+def test_a_regenerated_prompt_is_read_once(engine):
+    engine.forget()
+    first, _ = answered(engine, PROMPT)
+    again, cached = answered(engine, PROMPT)
+    assert cached == len(PROMPT) - 1  # the last prompt token goes in with the first step
+    assert again == first
+
+
+def test_a_different_prompt_keeps_only_the_shared_beginning(engine):
+    engine.forget()
+    answered(engine, PROMPT)
+    other = PROMPT[:5] + [40, 41, 42, 43]
+    ids, cached = answered(engine, other)
+    assert cached == 5
+    assert ids == read_afresh(engine, other)
+
+
+def test_a_stopped_answer_leaves_a_cache_the_next_request_can_use(engine):
+    engine.forget()
+    cancel = threading.Event()
+    for _ in engine.generate(PROMPT, options(k=4, max_new_tokens=40), cancel):
+        cancel.set()  # the user pressed Stop after the first step
+    follow_up = PROMPT + [30, 31]
+    ids, cached = answered(engine, follow_up)
+    assert cached == len(PROMPT)
+    assert ids == read_afresh(engine, follow_up)
+
+
+def test_the_draft_keeps_its_cache_too():
+    """The draft model's cache is kept the same way: it drafts exactly what a draft that read
+    the whole prompt drafts, after reading only what is new."""
+    draft = wide_low_bit(6, 4)
+    proposer = DraftModelProposer(cached(draft.model), SamplingParams(), None)
+    assert proposer.begin(PROMPT) == 0
+    proposer.propose(3)
+    proposer.commit(2, 50)  # two drafts accepted, then the target's token
+    follow_up = PROMPT + proposer.ids[len(PROMPT):] + [60, 61]
+    assert proposer.begin(follow_up) == len(PROMPT) + 2  # the prompt and the two accepted drafts
+    fresh = DraftModelProposer(cached(draft.model), SamplingParams(), None)
+    fresh.begin(follow_up)
+    assert proposer.propose(4).tokens.tolist() == fresh.propose(4).tokens.tolist()
+
+
+def test_sliding_window_models_read_every_prompt_whole():
+    """transformers cannot crop a sliding-window cache far back: such a model keeps nothing."""
+    engine = SpeculativeEngine(tiny_sliding_model(seed=1), tiny_sliding_model(seed=2))
+    first, _ = answered(engine, PROMPT)
+    again, cached = answered(engine, PROMPT)
+    assert cached == 0 and again == first
