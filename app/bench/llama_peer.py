@@ -107,6 +107,24 @@ class LlamaPeer:
             _truncate(draft, min(draft.n_tokens, len(committed) - 1))
 
 
+    def first_token_seconds(self, conversation: list[int], prompt: list[int], keep: bool) -> float:
+        """Seconds to the first token of `prompt` (a follow-up in a conversation) after the
+        context read `conversation` (the earlier turns): keeping what it holds of the prompt's
+        beginning, as llama.cpp's server and LM Studio do, or reading the prompt afresh."""
+        llm = self.target
+        _truncate(llm, 0)
+        llm.eval(conversation)
+        start = time.perf_counter()
+        kept = 0
+        if keep:
+            while kept < min(llm.n_tokens, len(prompt) - 1) and llm.input_ids[kept] == prompt[kept]:
+                kept += 1
+        _truncate(llm, kept)
+        llm.eval(prompt[kept:])
+        int(np.argmax(_last_logits(llm)))
+        return time.perf_counter() - start
+
+
 def _last_logits(llm) -> np.ndarray:
     """The logits after the last evaluated token (a model built without logits_all keeps no scores)."""
     return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))

@@ -115,6 +115,40 @@ def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
     return run
 
 
+FOLLOW_UP = "Check that answer step by step."
+FOLLOW_UPS = 3  # conversations whose follow-up question is timed
+
+
+def first_step_seconds(engine: SpeculativeEngine, prompt: list[int], options: GenerationOptions) -> tuple[float, int]:
+    """Seconds until the first step's tokens arrive, and the prompt tokens found in the cache."""
+    start = time.perf_counter()
+    steps = engine.generate(prompt, options)
+    first = next(steps)
+    seconds = time.perf_counter() - start
+    steps.close()
+    return seconds, first.stats.cached_prompt_tokens
+
+
+def follow_up_first_token(engine: SpeculativeEngine, options: GenerationOptions, question: str, prompt: list[int],
+                          answer: list[int], peer) -> dict:
+    """Time to the first token of a follow-up question after an answer (the engine's caches
+    hold what that answer's run left): with the conversation kept, as a chat keeps it, and read
+    afresh; llama.cpp the same way, after reading the same conversation."""
+    tokenizer = engine.target.tokenizer
+    messages = [{"role": "user", "content": question},
+                {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}]
+    follow_up = chat_prompt_ids(tokenizer, messages + [{"role": "user", "content": FOLLOW_UP}])
+    record = {"prompt_tokens": len(follow_up)}
+    record["ours_kept_seconds"], record["cached_tokens"] = first_step_seconds(engine, follow_up, options)
+    engine.forget()
+    record["ours_afresh_seconds"], _ = first_step_seconds(engine, follow_up, options)
+    if peer is not None:
+        conversation = prompt + answer[:-1]  # what a finished answer leaves in the context
+        record["llama.cpp_kept_seconds"] = peer.first_token_seconds(conversation, follow_up, keep=True)
+        record["llama.cpp_afresh_seconds"] = peer.first_token_seconds(conversation, follow_up, keep=False)
+    return {key: round(value, 3) if isinstance(value, float) else value for key, value in record.items()}
+
+
 def verify_cost_curve(model: LoadedModel, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3,
                       vocabulary=None) -> dict:
     """Milliseconds of one pass over n new tokens after `context` cached ones (best of `repeats`):
@@ -145,7 +179,7 @@ def run_speed(args: argparse.Namespace) -> dict:
         modes["hf_assisted_default"] = hf_assisted(target, draft, None)
         for k in (int(v) for v in args.hf_k.split(",") if v):
             modes[f"hf_assisted_k{k}"] = hf_assisted(target, draft, k)
-    peer_note = None
+    peer_note, peer = None, None
     if not args.no_peer and device.type == "cpu":
         peer_note = llama_peer.unavailable_reason()
         if peer_note is None:
@@ -178,6 +212,10 @@ def run_speed(args: argparse.Namespace) -> dict:
             if "llama.cpp_plain" in outputs:  # is llama.cpp's speculation lossless against its own plain?
                 record["modes"]["llama.cpp_speculative"]["same_as_llama_plain"] = (
                     outputs["llama.cpp_speculative"] == outputs["llama.cpp_plain"])
+            if index < FOLLOW_UPS:  # the caches still hold our speculative run (the others keep their own)
+                record["follow_up"] = follow_up_first_token(
+                    engine, generation_options(args, speculative=True), rows[index]["question"], prompt,
+                    outputs["speculative"], peer)
             per_prompt.append(record)
             bar.update(len(modes))
     agreement = {name: sum(r["modes"][name]["same_as_plain"] for r in per_prompt) for name in modes}
@@ -199,6 +237,7 @@ def run_speed(args: argparse.Namespace) -> dict:
         },
         "memory": {"target_bytes": target.memory_bytes, "draft_bytes": draft.memory_bytes,
                    "process_rss_after_load_bytes": rss_after_load},
+        "follow_up": _follow_up_summary([r["follow_up"] for r in per_prompt if "follow_up" in r]),
         "verify_cost_ms": curve,
         "draft_cost_ms": draft_curve,
         # what the cost-aware policy believed at the end: the costs it chose k by
@@ -221,6 +260,15 @@ def run_speed(args: argparse.Namespace) -> dict:
         args.json.write_text(json.dumps(result, indent=2))
         print(f"wrote {args.json}")
     return result
+
+
+def _follow_up_summary(records: list[dict]) -> dict:
+    """Means over the timed follow-ups."""
+    if not records:
+        return {}
+    keys = [key for key in records[0] if all(key in r for r in records)]
+    return {"question": FOLLOW_UP, "conversations": len(records),
+            **{key: round(sum(r[key] for r in records) / len(records), 3) for key in keys}}
 
 
 def _rss_bytes() -> int:
@@ -255,6 +303,12 @@ def format_table(result: dict) -> str:
         f"{name} {count}/{total}" for name, count in result["prompts_matching_our_plain"].items())
         + (f"; llama.cpp speculative equals llama.cpp plain on {result['llama_cpp_speculative_matching_its_plain']}/{total}"
            if result.get("llama_cpp_speculative_matching_its_plain") is not None else ""))
+    if follow := result.get("follow_up"):
+        peer_line = (f"; llama.cpp {follow['llama.cpp_kept_seconds']:.2f} s keeping its context "
+                     f"(afresh {follow['llama.cpp_afresh_seconds']:.2f} s)" if "llama.cpp_kept_seconds" in follow else "")
+        lines.append(f"follow-up question ({follow['conversations']} conversations, {follow['prompt_tokens']:.0f} prompt "
+                     f"tokens on average, {follow['cached_tokens']:.0f} of them cached): first token ours "
+                     f"{follow['ours_kept_seconds']:.2f} s (afresh {follow['ours_afresh_seconds']:.2f} s){peer_line}")
     lines.append(f"verify cost, ms per target pass over n tokens: {result['verify_cost_ms']}; "
                  f"draft: {result['draft_cost_ms']}")
     lines.append(f"memory: target {memory['target_bytes'] / 2**30:.2f} GiB ({result['config']['precision']}), "
