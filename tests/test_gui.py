@@ -340,3 +340,36 @@ def test_selection_survives_while_an_answer_streams(qtbot, make_window):
     assert window.chat_view.textCursor().selectedText() == selected and selected
     window.stop()
     qtbot.waitUntil(lambda: not window.session.busy, timeout=20_000)
+
+
+def test_a_streamed_answer_ending_in_a_list_keeps_its_header_a_paragraph(qtbot):
+    """Finishing a streamed answer rewrites it in place; its header must come out as a full
+    render makes it (its margins, in no list), not as an item of the list the answer ended in."""
+    from app.chat.conversation import AnswerStats, Message, TokenRecord
+    from app.engine.steps import Source
+    from app.ui.chat_view import ChatView
+    from app.ui.render import RenderOptions
+
+    def answer(pieces: list[str]) -> Message:
+        tokens = [TokenRecord(piece, Source.ACCEPTED, 0.9) for piece in pieces]
+        return Message("assistant", "".join(pieces), tokens, AnswerStats(mode="speculative"))
+
+    def headers(view: ChatView) -> list[tuple]:
+        block, found = view.document().begin(), []
+        while block.isValid():
+            if block.text().startswith("Assistant"):
+                found.append((block.textList() is None, block.blockFormat().topMargin()))
+            block = block.next()
+        return found
+
+    view = ChatView(RenderOptions(LIGHT))
+    qtbot.addWidget(view)
+    before = [Message("user", "q"), answer(["391"]), Message("user", "explain")]
+    pieces = ["Steps:\n\n", "1. First", " step\n", "2. Second", " step\n"]
+    view.show_messages(before, answer_follows=True)
+    for n in range(1, len(pieces) + 1):
+        view.stream(before, answer(pieces[:n]))
+    view.finish(before + [answer(pieces)])
+    finished = headers(view)
+    view.show_messages(before + [answer(pieces)])
+    assert finished == headers(view) and all(not_listed for not_listed, _ in finished)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QUrl, Signal
-from PySide6.QtGui import QMouseEvent, QTextCursor
+from PySide6.QtGui import QMouseEvent, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
 from ..chat.conversation import Message, TokenRecord
@@ -131,7 +131,7 @@ class ChatView(QTextBrowser):
         if before:
             cursor.insertBlock()
         header_start = cursor.position()
-        cursor.insertHtml(message_header_html(index, answer, self.options, last=True, streaming=True))
+        _insert_into_block(cursor, message_header_html(index, answer, self.options, last=True, streaming=True))
         cursor.insertBlock()
         self._stream = _Stream(index, [id(m) for m in before], header_start, tail_start=cursor.position())
 
@@ -152,7 +152,7 @@ class ChatView(QTextBrowser):
             cursor.setPosition(stream.header_start)
             cursor.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
             cursor.removeSelectedText()
-            cursor.insertHtml(self._message_html(stream.message_index, messages[-1], last=True))
+            _insert_into_block(cursor, self._message_html(stream.message_index, messages[-1], last=True))
 
         self._keep_bottom(update)
 
@@ -200,6 +200,18 @@ class ChatView(QTextBrowser):
         else:
             QToolTip.hideText()
         super().mouseMoveEvent(event)
+
+
+def _insert_into_block(cursor: QTextCursor, html: str) -> None:
+    """Insert html whose first paragraph takes over the cursor's empty block. insertHtml keeps
+    that block's own format: a header would lose its margins, and after removing an answer
+    that ended in a list (Qt merges the removed blocks into this one), show as a numbered item."""
+    if cursor.currentList() is not None:
+        cursor.currentList().remove(cursor.block())
+    rendered = QTextDocument()
+    rendered.setHtml(html)
+    cursor.setBlockFormat(rendered.begin().blockFormat())
+    cursor.insertHtml(html)
 
 
 def _line_ends(text: str, start: int, end: int):
