@@ -61,8 +61,12 @@ def test_pack_refuses_values_that_do_not_fit():
         packing.pack(torch.zeros(32, 32), torch.ones(32, 1), torch.zeros(32, 1), 6, 32)
 
 
+BUILDS = ["avx512", "avx2", "vnni256"]  # vnni256: the AVX-VNNI kernel, runnable on AVX-512 CPUs
+OTHER_BUILDS = BUILDS[1:]
+
+
 def built(isa: str):
-    """The kernel module built for `isa` ("avx512" or "avx2"); skips where this CPU lacks it."""
+    """The kernel module built for `isa` (one of BUILDS); skips where this CPU lacks it."""
     module = kernel.build(isa)
     if module is None:
         pytest.skip(f"this CPU cannot run the {isa} build")
@@ -76,7 +80,7 @@ def built_linear(isa: str):
 
 
 @pytest.mark.parametrize(("bits", "group"), FORMATS)
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("isa", BUILDS)
 def test_native_kernel_matches_reference(bits, group, isa):
     linear = built_linear(isa)
     packed = packing.quantize_float(random_weight(96, 256), bits, group)
@@ -91,11 +95,12 @@ def test_native_kernel_matches_reference(bits, group, isa):
 
 
 @pytest.mark.parametrize(("bits", "group"), FORMATS)
-def test_the_avx2_build_gives_the_avx512_bits(bits, group):
-    """Both builds run the same integer products and float steps: bit-identical outputs, also at
+@pytest.mark.parametrize("isa", OTHER_BUILDS)
+def test_every_build_gives_the_avx512_bits(bits, group, isa):
+    """Every build runs the same integer products and float steps: bit-identical outputs, also at
     the extremes where AVX2's 16-bit pair sums would saturate (8-bit weights of 255 against
     activations of +-127, taken there as w - 128)."""
-    avx512, avx2 = built_linear("avx512"), built_linear("avx2")
+    avx512, other = built_linear("avx512"), built_linear(isa)
     weight = random_weight(64, 256, seed=4)
     weight[:32, :128] = torch.where(weight[:32, :128] > 0, 1.0, -1.0)  # groups of two values: q = 0 or the top
     packed = packing.quantize_float(weight, bits, group)
@@ -104,11 +109,11 @@ def test_the_avx2_build_gives_the_avx512_bits(bits, group):
     x = random_weight(11, 256, seed=5)
     x[:, :128] = torch.where(x[:, :128] > 0, 1.0, -1.0)  # quantized to +-127
     for rows in (1, 2, 3, 11):
-        assert torch.equal(avx2(x[:rows], packed), avx512(x[:rows], packed))
+        assert torch.equal(other(x[:rows], packed), avx512(x[:rows], packed))
 
 
 @pytest.mark.parametrize(("bits", "group"), FORMATS)
-@pytest.mark.parametrize("path", ["avx512", "avx2", "reference"])
+@pytest.mark.parametrize("path", [*BUILDS, "reference"])
 def test_linear_is_batch_invariant(bits, group, path):
     """A row gives bit-identical outputs alone and inside batches of any size."""
     linear = packing.reference_linear if path == "reference" else built_linear(path)
@@ -204,13 +209,14 @@ def test_low_bit_greedy_equivalence_without_the_native_kernel(monkeypatch):
     assert len(plain) == 12 and generated_ids(engine, prompt, k=3, max_new_tokens=12) == plain
 
 
-def test_low_bit_greedy_equivalence_with_the_avx2_build(monkeypatch):
-    """On a CPU without AVX-512 the AVX2 build runs the layer stack: speculation keeps the output
+@pytest.mark.parametrize("isa", OTHER_BUILDS)
+def test_low_bit_greedy_equivalence_with_the_other_builds(isa, monkeypatch):
+    """On a CPU without AVX-512 another build runs the layer stack: speculation keeps the output
     there too."""
     from app.engine import lean_decoder
 
-    avx2 = built("avx2")
-    monkeypatch.setattr(kernel, "native", lambda: avx2)
+    module = built(isa)
+    monkeypatch.setattr(kernel, "native", lambda: module)
     target, draft = wide_low_bit(5, 8), wide_low_bit(6, 4)
     assert lean_decoder.native_stack(target.model) is not None
     engine = SpeculativeEngine(target, draft)
@@ -269,7 +275,7 @@ def test_lean_decoder_matches_transformers_forward(hidden):
 
 
 @pytest.mark.parametrize("inner", [1, 17, 8960])
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("isa", BUILDS)
 def test_native_swiglu_matches_torch(inner, isa):
     """silu(gate) * up, 16 values at a time with a masked tail, over ordinary and extreme gates."""
     module = built(isa)
@@ -283,7 +289,7 @@ def test_native_swiglu_matches_torch(inner, isa):
 
 @pytest.mark.parametrize("head_dim", [16, 80, 128])
 @pytest.mark.parametrize("heads", [2, 6, 14])  # query heads per kv head: 1, 3, 7 (taken up to 4 at a time)
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("isa", BUILDS)
 def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, isa):
     """The layer stack's attention (keys in transposed blocks of 64, a kv head's query heads up to
     4 at a time, 64 components at a time, tails masked) against torch's, row by row, and
@@ -304,7 +310,7 @@ def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, 
         assert torch.equal(together[r], module.attention(queries[r : r + 1], keys, values, start + r, scale)[0])
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("isa", BUILDS)
 def test_verified_rows_equal_rows_decoded_alone(isa, monkeypatch):
     """The whole low-bit target is batch invariant: logits of tokens verified together are
     bit-identical to decoding them one at a time. This is what keeps greedy speculative output
@@ -342,3 +348,18 @@ def test_a_built_kernel_is_loaded_as_it_is_without_a_compiler(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).parents[1])
     assert out.stdout.split() == ["None", str(folder / built.name)], out.stderr[-2000:]
+
+
+def test_the_avx_vnni_build_compiles_with_its_instruction():
+    """Intel CPUs since Alder Lake get an AVX-VNNI build. None is at hand here, so this checks
+    that it compiles and uses the AVX-VNNI (VEX) encoding of the dot product; its kernel is the
+    one the vnni256 build runs and the tests above check, in AVX-512's encoding."""
+    import shutil
+    import subprocess
+
+    module, reason = kernel._build_for("avxvnni")
+    assert module is not None, reason
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump (binutils) is not installed")
+    code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", module.__file__], capture_output=True, text=True).stdout
+    assert "{vex} vpdpbusd" in code and "vpdpbusd %zmm" not in code

@@ -27,7 +27,7 @@ from .cache import cache_root
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import IncompatibleModelsError, ModelError
 from .lowbit import store as lowbit_store
-from .lowbit.kernel import build_in_background, machine_isa, why_not_native
+from .lowbit.kernel import KERNEL_NAMES, build_in_background, machine_isa, why_not_native
 from .lowbit.loader import load_gguf_lowbit
 from .lowbit.modules import quantize_model
 
@@ -101,8 +101,9 @@ def load_model(
             build_in_background()  # compiles (first start only) while the weights load
             model, tokenizer = _load_low_bit(source, packaged, precision, report)
             slow_path = why_not_native()
+            kernel_name = KERNEL_NAMES.get(machine_isa())
             kernel_note = (f", slow path: {slow_path}" if slow_path is not None
-                           else ", AVX2 kernel" if machine_isa() == "avx2" else "")
+                           else f", {kernel_name} kernel" if kernel_name else "")
             return LoadedModel(name, model, tokenizer, f"{precision.value}{kernel_note}")
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)

@@ -1,8 +1,9 @@
 // Low-bit linear layers for the CPU: 4-, 6- or 8-bit unsigned weights with a scale and a min per
 // group of G inputs (w = scale * q - min), times activations quantized to int8 per row and per
 // group. Integer dot products do the work: AVX-512 VNNI where the CPU has it, else AVX2 (most
-// laptops: the same products in two 8-output halves of each tile, with maddubs and madd, and the
-// same float steps, so both give bit-identical results). Every output element is computed by the
+// laptops: the same products in two 8-output halves of each tile, with the 256-bit VNNI
+// instruction where the CPU has AVX-VNNI (Intel since Alder Lake), else with maddubs and madd;
+// the same float steps, so every build gives bit-identical results). Every output element is computed by the
 // same sequence of operations whatever the number of rows, so a token verified inside a batch
 // gets exactly the logits it would get alone (batch invariance).
 //
@@ -112,7 +113,7 @@ struct GroupQuantized {
   int32_t sum;
 };
 
-#ifdef __AVX512VNNI__
+#if defined(__AVX512VNNI__) && !defined(SPECCHAT_VNNI256)
 constexpr int kMaxRows = 4;  // rows per register block (x 2 tiles x 2 accumulators)
 
 // One group of activations as int8, 16 values per instruction (see quantize_rows): q [group];
@@ -328,8 +329,21 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
   }
 }
 
-#else  // AVX2
+#else  // AVX2, with or without 256-bit VNNI
 constexpr int kMaxRows = 2;  // rows per register block (x 2 halves: accumulators and sums in 16 registers)
+
+#ifdef SPECCHAT_VNNI256
+// acc + the products of 4 unsigned weights and 4 signed activations per 32-bit lane, exact. The
+// AVX-VNNI encoding where the CPU has it; the build for tests uses AVX-512's encoding of the same
+// instruction (AVX512-VL), so that this very kernel also runs, and is checked, on AVX-512 CPUs.
+inline __m256i dot4(__m256i acc, __m256i weights, __m256i activations) {
+#ifdef __AVXVNNI__
+  return _mm256_dpbusd_avx_epi32(acc, weights, activations);
+#else
+  return _mm256_dpbusd_epi32(acc, weights, activations);
+#endif
+}
+#endif
 
 // As the AVX-512 quantize_group, 8 values at a time: the same max |x|, divisions and rounding.
 inline GroupQuantized quantize_group(const float* v, int64_t group, int8_t* q) {
@@ -410,6 +424,12 @@ inline __m256 group_values(const void* values, __m256 step, int64_t g, int half)
 // One 16-output tile against `Rows` activation rows, over all K, in two halves of 8 outputs.
 // Every output gets the AVX-512 kernel's integers and float steps, in the same order: the same
 // bits, and batch invariance. Never inlined, as there.
+#ifdef SPECCHAT_VNNI256
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
 template <int Rows, int Chunks, int Bits>
 __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                                            const Activations& act, float* out, int64_t out_stride) {
@@ -433,12 +453,28 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
     for (int line = 0; line < kLines; ++line) _mm_prefetch(reinterpret_cast<const char*>(lines + kAhead * kLines * 64 + line * 64), _MM_HINT_T1);
     int32_t start[Rows];
     for (int r = 0; r < Rows; ++r) {
-      // Symmetric weights start at -32 * (sum of the activations), 8-bit ones at +128 * it (see pair_sums)
-      start[r] = kSymmetric ? -32 * act.sum[r * groups + g] : (Bits == 8 ? 128 * act.sum[r * groups + g] : 0);
+      // Symmetric weights start at -32 * (sum of the activations); without VNNI 8-bit ones at
+      // +128 * it (see pair_sums)
+      start[r] = kSymmetric ? -32 * act.sum[r * groups + g] : (Bits == 8 && !kVnni ? 128 * act.sum[r * groups + g] : 0);
     }
     // Set at the first widening: with one widening per group (4 bits) no register holds it meanwhile
     __m256i dot[Rows][2];
     const int8_t* a = act.q + g * Chunks * 4;
+#ifdef SPECCHAT_VNNI256
+    for (int chunk = 0; chunk < Chunks; ++chunk) {
+      const __m256i w0 = chunk_weights<Chunks, Bits>(lines, chunk, 0);
+      const __m256i w1 = chunk_weights<Chunks, Bits>(lines, chunk, 1);
+      for (int r = 0; r < Rows; ++r) {
+        int32_t word;
+        std::memcpy(&word, a + r * act.k + 4 * chunk, 4);
+        const __m256i activations = _mm256_set1_epi32(word);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i before = chunk == 0 ? _mm256_set1_epi32(start[r]) : dot[r][h];
+          dot[r][h] = dot4(before, h ? w1 : w0, activations);
+        }
+      }
+    }
+#else
     constexpr int kWiden = kChunksPerWidening<Bits, Chunks>;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i pairs[Rows][2];  // 16-bit sums of the chunks since the last widening
@@ -460,6 +496,7 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
         }
       }
     }
+#endif
     for (int h = 0; h < 2; ++h) {
       const __m256 w_scale = group_values<Bits>(tile.scale, scale_step[h], g, h);
       for (int r = 0; r < Rows; ++r) {

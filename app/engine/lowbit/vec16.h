@@ -10,7 +10,7 @@
 
 namespace v16 {
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && !defined(SPECCHAT_VNNI256)
 
 using Vec = __m512;
 using Mask = __mmask16;
