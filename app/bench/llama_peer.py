@@ -52,8 +52,11 @@ class LlamaPeer:
     def describe(self) -> str:
         import llama_cpp
 
-        return (f"llama.cpp via llama-cpp-python {llama_cpp.__version__} on {self.files[0]} (draft {self.files[1]}); "
-                f"speculative: draft up to {N_DRAFT_MAX}, p-min {DRAFT_P_MIN}")
+        # Which of its kernels run: the build's instruction sets (e.g. "AVX2 = 1 | ... | AVX512_VNNI = 1")
+        features = llama_cpp.llama_print_system_info().decode()
+        isa = "AVX-512" if "AVX512 = 1" in features else "AVX2" if "AVX2 = 1" in features else "no AVX2"
+        return (f"llama.cpp via llama-cpp-python {llama_cpp.__version__} ({isa} build) on {self.files[0]} "
+                f"(draft {self.files[1]}); speculative: draft up to {N_DRAFT_MAX}, p-min {DRAFT_P_MIN}")
 
     def plain(self, prompt: list[int], max_new_tokens: int):
         from .speed import RunResult

@@ -457,10 +457,14 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
       // +128 * it (see pair_sums)
       start[r] = kSymmetric ? -32 * act.sum[r * groups + g] : (Bits == 8 && !kVnni ? 128 * act.sum[r * groups + g] : 0);
     }
-    // Set at the first widening: with one widening per group (4 bits) no register holds it meanwhile
+    // Set at the first chunk (VNNI) or widening: with one widening per group (4 bits) no register holds it meanwhile
     __m256i dot[Rows][2];
     const int8_t* a = act.q + g * Chunks * 4;
-#ifdef SPECCHAT_VNNI256
+#ifndef SPECCHAT_VNNI256
+    constexpr int kWiden = kChunksPerWidening<Bits, Chunks>;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i pairs[Rows][2];  // 16-bit sums of the chunks since the last widening
+#endif
     for (int chunk = 0; chunk < Chunks; ++chunk) {
       const __m256i w0 = chunk_weights<Chunks, Bits>(lines, chunk, 0);
       const __m256i w1 = chunk_weights<Chunks, Bits>(lines, chunk, 1);
@@ -468,23 +472,12 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
         int32_t word;
         std::memcpy(&word, a + r * act.k + 4 * chunk, 4);
         const __m256i activations = _mm256_set1_epi32(word);
+#ifdef SPECCHAT_VNNI256
         for (int h = 0; h < 2; ++h) {
           const __m256i before = chunk == 0 ? _mm256_set1_epi32(start[r]) : dot[r][h];
           dot[r][h] = dot4(before, h ? w1 : w0, activations);
         }
-      }
-    }
 #else
-    constexpr int kWiden = kChunksPerWidening<Bits, Chunks>;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i pairs[Rows][2];  // 16-bit sums of the chunks since the last widening
-    for (int chunk = 0; chunk < Chunks; ++chunk) {
-      const __m256i w0 = chunk_weights<Chunks, Bits>(lines, chunk, 0);
-      const __m256i w1 = chunk_weights<Chunks, Bits>(lines, chunk, 1);
-      for (int r = 0; r < Rows; ++r) {
-        int32_t word;
-        std::memcpy(&word, a + r * act.k + 4 * chunk, 4);
-        const __m256i activations = _mm256_set1_epi32(word);
         const __m256i p0 = pair_sums<Bits>(w0, activations), p1 = pair_sums<Bits>(w1, activations);
         pairs[r][0] = chunk % kWiden ? _mm256_add_epi16(pairs[r][0], p0) : p0;
         pairs[r][1] = chunk % kWiden ? _mm256_add_epi16(pairs[r][1], p1) : p1;
@@ -494,9 +487,9 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
             dot[r][h] = _mm256_add_epi32(before, _mm256_madd_epi16(pairs[r][h], ones));
           }
         }
+#endif
       }
     }
-#endif
     for (int h = 0; h < 2; ++h) {
       const __m256 w_scale = group_values<Bits>(tile.scale, scale_step[h], g, h);
       for (int r = 0; r < Rows; ++r) {
