@@ -373,3 +373,15 @@ def test_a_streamed_answer_ending_in_a_list_keeps_its_header_a_paragraph(qtbot):
     finished = headers(view)
     view.show_messages(before + [answer(pieces)])
     assert finished == headers(view) and all(not_listed for not_listed, _ in finished)
+
+
+def test_a_follow_up_finds_the_conversation_cached(qtbot, make_window):
+    """The second question's prompt begins with the first turn, which the models' caches still
+    hold: the acceptance view says how much of the prompt was not read again."""
+    window = make_window()
+    first = send_and_wait(qtbot, window)
+    assert first.stats.cached_prompt_tokens == 0
+    follow_up = send_and_wait(qtbot, window, "and then")
+    cached, prompt = follow_up.stats.cached_prompt_tokens, follow_up.stats.prompt_tokens
+    assert first.stats.prompt_tokens < cached < prompt
+    assert f"{cached:,} of {prompt:,} prompt tokens cached" in window.acceptance.fields["first"].text()

@@ -124,7 +124,8 @@ class AcceptanceView(QWidget):
         self.fields["length"].setText(f"{stats.mean_accepted_length:.2f} tokens per target pass")
         self.fields["speed"].setText(f"{stats.tokens_per_s:.2f} tokens/s ({stats.tokens} tokens)")
         self.fields["time"].setText(f"{stats.draft_seconds:.1f} s / {stats.target_seconds:.1f} s")
-        cached = f" ({stats.cached_prompt_tokens:,} of {stats.prompt_tokens:,} prompt tokens cached)" if stats.cached_prompt_tokens else ""
+        cached = (f" ({stats.cached_prompt_tokens:,} of {stats.prompt_tokens:,} prompt tokens cached)"
+                  if stats.cached_prompt_tokens else "")
         self.fields["first"].setText("–" if stats.first_token_seconds is None else f"{stats.first_token_seconds:.2f} s{cached}")
         self.show_context(stats.context_used, stats.context_length)
         self.histogram.set_lengths(list(stats.accepted_lengths))

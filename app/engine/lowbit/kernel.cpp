@@ -3,9 +3,9 @@
 // group. Integer dot products do the work: AVX-512 VNNI where the CPU has it, else AVX2 (most
 // laptops: the same products in two 8-output halves of each tile, with the 256-bit VNNI
 // instruction where the CPU has AVX-VNNI (Intel since Alder Lake), else with maddubs and madd;
-// the same float steps, so every build gives bit-identical results). Every output element is computed by the
-// same sequence of operations whatever the number of rows, so a token verified inside a batch
-// gets exactly the logits it would get alone (batch invariance).
+// the same float steps, so every build gives bit-identical results). Every output element is
+// computed by the same sequence of operations whatever the number of rows, so a token verified
+// inside a batch gets exactly the logits it would get alone (batch invariance).
 //
 // Layout (see lowbit/packing.py, which also holds the pure-torch reference):
 //   q      uint8  [N/16, K/G, L, 16, 4]  C = G/4 chunks of 4 inputs; 8-bit: L = C lines, one byte
@@ -333,6 +333,8 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
 constexpr int kMaxRows = 2;  // rows per register block (x 2 halves: accumulators and sums in 16 registers)
 
 #ifdef SPECCHAT_VNNI256
+constexpr bool kVnni = true;
+
 // acc + the products of 4 unsigned weights and 4 signed activations per 32-bit lane, exact. The
 // AVX-VNNI encoding where the CPU has it; the build for tests uses AVX-512's encoding of the same
 // instruction (AVX512-VL), so that this very kernel also runs, and is checked, on AVX-512 CPUs.
@@ -343,6 +345,8 @@ inline __m256i dot4(__m256i acc, __m256i weights, __m256i activations) {
   return _mm256_dpbusd_epi32(acc, weights, activations);
 #endif
 }
+#else
+constexpr bool kVnni = false;
 #endif
 
 // As the AVX-512 quantize_group, 8 values at a time: the same max |x|, divisions and rounding.
@@ -424,12 +428,6 @@ inline __m256 group_values(const void* values, __m256 step, int64_t g, int half)
 // One 16-output tile against `Rows` activation rows, over all K, in two halves of 8 outputs.
 // Every output gets the AVX-512 kernel's integers and float steps, in the same order: the same
 // bits, and batch invariance. Never inlined, as there.
-#ifdef SPECCHAT_VNNI256
-constexpr bool kVnni = true;
-#else
-constexpr bool kVnni = false;
-#endif
-
 template <int Rows, int Chunks, int Bits>
 __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                                            const Activations& act, float* out, int64_t out_stride) {
@@ -457,7 +455,8 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
       // +128 * it (see pair_sums)
       start[r] = kSymmetric ? -32 * act.sum[r * groups + g] : (Bits == 8 && !kVnni ? 128 * act.sum[r * groups + g] : 0);
     }
-    // Set at the first chunk (VNNI) or widening: with one widening per group (4 bits) no register holds it meanwhile
+    // Set at the first chunk (VNNI) or widening: with one widening per group (4 bits) no
+    // register holds it meanwhile
     __m256i dot[Rows][2];
     const int8_t* a = act.q + g * Chunks * 4;
 #ifndef SPECCHAT_VNNI256
