@@ -385,3 +385,17 @@ def test_a_follow_up_finds_the_conversation_cached(qtbot, make_window):
     cached, prompt = follow_up.stats.cached_prompt_tokens, follow_up.stats.prompt_tokens
     assert first.stats.prompt_tokens < cached < prompt
     assert f"{cached:,} of {prompt:,} prompt tokens cached" in window.acceptance.fields["first"].text()
+
+
+def test_window_shortcuts_work_while_typing(qtbot, make_window):
+    """The message box has the focus nearly always; its own key bindings must not swallow the
+    window's shortcuts (Qt's text edits take Ctrl+K, delete to the end of the line, on Linux)."""
+    window = make_window()
+    send_and_wait(qtbot, window)
+    window.composer.setFocus()
+    window.composer.setPlainText("a message being written")
+    window.composer.moveCursor(window.composer.textCursor().MoveOperation.Start)
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        qtbot.keyClick(window.composer, Qt.Key_K, Qt.ControlModifier)
+    assert window.conversation.messages[-1].stats.comparison is not None
+    assert window.composer.toPlainText() == "a message being written"
