@@ -261,9 +261,10 @@ def test_one_slow_pass_barely_moves_the_cost_model_but_a_lasting_slowdown_does()
     assert model.verify[3] < 0.9 * 0.090
 
 
-def test_the_drafts_reading_of_the_prompt_counts_as_prefill(tiny_target, tiny_draft):
+def test_the_drafts_reading_of_the_prompt_counts_as_prefill_and_follows_the_first_token(tiny_target, tiny_draft):
     """As llama.cpp's speculative prefill includes its draft's reading of the prompt, so does
-    ours, though the draft reads it only when it first drafts."""
+    ours, though the draft reads it only when it first drafts: at the second step, after the
+    first token, which the target gives as soon as it has read the prompt."""
     import time
 
     engine = cheap_drafting(SpeculativeEngine(tiny_target, tiny_draft))
@@ -271,6 +272,7 @@ def test_the_drafts_reading_of_the_prompt_counts_as_prefill(tiny_target, tiny_dr
     slow_reading = lambda ids, keep: (time.sleep(0.3) if ids.numel() > 8 else None) or forward(ids, keep)
     engine._draft.forward = slow_reading  # reading 78 prompt tokens takes 0.3 s; drafting is quick
     steps = list(engine.generate(list(range(1, 80)), GenerationOptions(k=2, adaptive=False, max_new_tokens=12)))
-    first, last = steps[0].stats, steps[-1].stats
-    assert first.prefill_seconds >= 0.3 and first.draft_seconds < 0.3
-    assert last.prefill_seconds == first.prefill_seconds  # the prompt is read once
+    first, second, last = steps[0].stats, steps[1].stats, steps[-1].stats
+    assert first.prefill_seconds < 0.3 and [token.source for token in steps[0].tokens] == [Source.PLAIN]
+    assert second.prefill_seconds >= 0.3 and second.draft_seconds < 0.3 and second.drafted == 2
+    assert last.prefill_seconds == second.prefill_seconds  # the prompt is read once

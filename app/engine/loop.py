@@ -70,7 +70,9 @@ def speculative_generate(
             return
         # Leave room for the token the target adds, within both limits.
         room = budget - n_new - 1
-        k = min(policy.next_k(budget - n_new, proposer.behind()), room)
+        # The first token comes as soon as the target has read the prompt: a draft that must
+        # first read it too (more than a few tokens) starts drafting at the second step.
+        k = 0 if n_new == 0 and proposer.behind() else min(policy.next_k(budget - n_new, proposer.behind()), room)
         draft_start = clock.now()
         draft = proposer.propose(k, policy.min_confidence, limit=room)
         draft_tokens = draft.tokens.to(target.device)
