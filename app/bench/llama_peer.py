@@ -67,11 +67,13 @@ class LlamaPeer:
         llm.eval(prompt)
         prefill = time.perf_counter() - start
         out: list[int] = []
+        first = None
         while True:
             token = int(np.argmax(_last_logits(llm)))
             out.append(token)
+            first = time.perf_counter() - start if first is None else first
             if token in self.stop_tokens or len(out) >= max_new_tokens:
-                return RunResult(out, prefill_seconds=prefill)
+                return RunResult(out, prefill_seconds=prefill, first_token_seconds=first)
             llm.eval([token])
 
     def speculative(self, prompt: list[int], max_new_tokens: int):
@@ -85,6 +87,7 @@ class LlamaPeer:
             llm.eval(prompt[:-1])
         prefill = time.perf_counter() - start
         out: list[int] = []
+        first = None
         while True:
             draft.eval(committed[draft.n_tokens :])
             proposed: list[int] = []
@@ -101,11 +104,12 @@ class LlamaPeer:
             accepted = 0
             while accepted < len(proposed) and proposed[accepted] == choices[accepted]:
                 accepted += 1
+            first = time.perf_counter() - start if first is None else first
             for token in proposed[:accepted] + [choices[accepted]]:
                 out.append(token)
                 committed.append(token)
                 if token in self.stop_tokens or len(out) >= max_new_tokens:
-                    return RunResult(out, prefill_seconds=prefill)
+                    return RunResult(out, prefill_seconds=prefill, first_token_seconds=first)
             _truncate(target, len(committed) - 1)
             _truncate(draft, min(draft.n_tokens, len(committed) - 1))
 

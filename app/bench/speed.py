@@ -30,6 +30,7 @@ class RunResult:
     ids: list[int]
     stats: Stats | None = None
     prefill_seconds: float | None = None  # when the mode can tell prefill from decoding
+    first_token_seconds: float | None = None  # from the call to the first token, where the mode can tell
 
 
 @dataclass
@@ -39,11 +40,14 @@ class ModeTotals:
     prefill_seconds: float | None = 0.0  # None once a run could not tell
     prompt_tokens: int = 0
     stats: list[Stats] = field(default_factory=list)
+    first_token_seconds: list[float] = field(default_factory=list)
 
     def add(self, result: RunResult, seconds: float, prompt_tokens: int) -> None:
         self.tokens += len(result.ids)
         self.seconds += seconds
         self.prompt_tokens += prompt_tokens
+        if result.first_token_seconds is not None:
+            self.first_token_seconds.append(result.first_token_seconds)
         prefill = result.stats.prefill_seconds if result.stats else result.prefill_seconds
         self.prefill_seconds = None if prefill is None or self.prefill_seconds is None else self.prefill_seconds + prefill
         if result.stats:
@@ -54,6 +58,8 @@ class ModeTotals:
         if self.prefill_seconds:
             out["prefill_tokens_per_s"] = round(self.prompt_tokens / self.prefill_seconds, 2)
             out["decode_tokens_per_s"] = round(self.tokens / (self.seconds - self.prefill_seconds), 3)
+        if self.first_token_seconds:
+            out["first_token_seconds"] = round(sum(self.first_token_seconds) / len(self.first_token_seconds), 3)
         if self.stats and sum(s.drafted for s in self.stats):
             drafted, accepted = sum(s.drafted for s in self.stats), sum(s.accepted for s in self.stats)
             out["acceptance_rate"] = round(accepted / drafted, 4)
@@ -87,8 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def ours(engine: SpeculativeEngine, options: GenerationOptions) -> Run:
     def run(prompt: list[int], max_new_tokens: int) -> RunResult:
         engine.forget()  # every run reads its whole prompt, as the peers' runs do
-        steps = list(engine.generate(prompt, replace(options, max_new_tokens=max_new_tokens)))
-        return RunResult([t.id for s in steps for t in s.tokens], steps[-1].stats)
+        start, steps, first = time.perf_counter(), [], None
+        for step in engine.generate(prompt, replace(options, max_new_tokens=max_new_tokens)):
+            first = time.perf_counter() - start if first is None else first
+            steps.append(step)
+        return RunResult([t.id for s in steps for t in s.tokens], steps[-1].stats, first_token_seconds=first)
 
     return run
 
@@ -280,8 +289,8 @@ def _rss_bytes() -> int:
 def format_table(result: dict) -> str:
     plain = result["modes"]["plain"]["tokens_per_s"]
     lines = [
-        "| mode | tokens | seconds | tokens/s | vs plain | decode tokens/s | prefill tokens/s | acceptance | mean accepted length |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | tokens | seconds | tokens/s | vs plain | decode tokens/s | prefill tokens/s | first token s | acceptance | mean accepted length |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, mode in result["modes"].items():
         acceptance = f"{mode['acceptance_rate']:.1%}" if "acceptance_rate" in mode else ""
@@ -289,7 +298,7 @@ def format_table(result: dict) -> str:
         lines.append(
             f"| {name} | {mode['tokens']} | {mode['seconds']:.1f} | {mode['tokens_per_s']:.2f} | "
             f"{mode['tokens_per_s'] / plain:.2f}x | {mode.get('decode_tokens_per_s', '')} | "
-            f"{mode.get('prefill_tokens_per_s', '')} | {acceptance} | {length} |"
+            f"{mode.get('prefill_tokens_per_s', '')} | {mode.get('first_token_seconds', '')} | {acceptance} | {length} |"
         )
     versus_hf = (f"; vs best HF assisted ({result['best_hf_assisted']}): {result['speedup_vs_hf_assisted']:.2f}x"
                  if result["best_hf_assisted"] else "")
