@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine import default_models
+from ..engine.cached_model import common_prefix
 from ..engine.models import cache_dir
 
 N_DRAFT_MAX = 8
@@ -122,10 +123,7 @@ class LlamaPeer:
         _truncate(llm, 0)
         llm.eval(conversation)
         start = time.perf_counter()
-        kept = 0
-        if keep:
-            while kept < min(llm.n_tokens, len(prompt) - 1) and llm.input_ids[kept] == prompt[kept]:
-                kept += 1
+        kept = common_prefix(llm.input_ids[: llm.n_tokens].tolist(), prompt[:-1]) if keep else 0
         _truncate(llm, kept)
         llm.eval(prompt[kept:])
         int(np.argmax(_last_logits(llm)))

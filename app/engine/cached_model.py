@@ -64,17 +64,18 @@ class CachedModel:
             del self.ids[length:]
 
 
+def common_prefix(a, b) -> int:
+    """The length of the longest common prefix of two token id sequences."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def keep_prefix(model, token_ids: list[int]) -> int:
     """Roll a cached model (either kind) back to the longest common prefix of what its cache
     holds and token_ids; returns that prefix's length (the tokens it need not read again)."""
-    if not getattr(model, "reuses_prefix", True):
+    if not model.reuses_prefix:  # rolling it far back would break its cache: start afresh
         model.reset()
         return 0
-    kept = 0
-    for cached_id, new_id in zip(model.ids, token_ids):
-        if cached_id != new_id:
-            break
-        kept += 1
+    kept = common_prefix(model.ids, token_ids)
     model.rollback(kept)
     return kept
 

@@ -29,6 +29,8 @@ def supports(model: nn.Module) -> bool:
 
 
 class LeanDecoder:
+    reuses_prefix = True  # its cache can be rolled back to any length (see cached_model.keep_prefix)
+
     def __init__(self, model: nn.Module, vocab_width: int | None = None) -> None:
         config = model.config
         self.model = model
