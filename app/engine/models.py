@@ -30,6 +30,7 @@ from .lowbit import store as lowbit_store
 from .lowbit.kernel import KERNEL_NAMES, build_in_background, machine_isa, why_not_native
 from .lowbit.loader import load_gguf_lowbit
 from .lowbit.modules import quantize_model
+from .tokenizer_cache import folder_tokenizer
 
 Progress = Callable[[str, float | None], None]  # (stage, fraction done or None when unknown)
 
@@ -108,7 +109,7 @@ def load_model(
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **_local_only(folder))
-        tokenizer = AutoTokenizer.from_pretrained(folder, **_local_only(folder))
+        tokenizer = _tokenizer(folder)
     except ModelError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError) as error:
@@ -131,7 +132,7 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
         folder = _prepared_source(source, report)
         report(f"Quantizing {path.name or source} to {bits or 8} bits", None)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **_local_only(folder))
-        return quantize_model(model.eval(), bits or 8), AutoTokenizer.from_pretrained(folder, **_local_only(folder))
+        return quantize_model(model.eval(), bits or 8), _tokenizer(folder)
     if packaged is not None:
         folder = cache_dir() / f"{packaged.name}-{precision.value}"
     else:
@@ -168,6 +169,10 @@ def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase
 def _file_key(path: Path) -> str:
     stat = path.stat()
     return hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def _tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
+    return folder_tokenizer(folder) if Path(folder).is_dir() else AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
 def _local_only(folder: str | Path) -> dict:
@@ -232,13 +237,13 @@ def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
         prepared = [cache_dir() / f"{name}-{p.value}" for p in Precision if p.low_bit] + [cache_dir() / name]
         for folder in prepared:
             if (folder / "tokenizer_config.json").is_file():
-                return AutoTokenizer.from_pretrained(folder)
+                return folder_tokenizer(folder)
         return load_model(source).tokenizer  # prepares the default model once
     path = Path(source).expanduser()
     try:
         if path.suffix.lower() == ".gguf":
             return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        return AutoTokenizer.from_pretrained(path if path.is_dir() else source, **_local_only(path))
+        return _tokenizer(path if path.is_dir() else source)
     except Exception as error:
         raise ModelError(f"Cannot read the tokenizer of '{source}': {error}") from error
 
@@ -246,6 +251,8 @@ def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
 def vocabulary_mismatch(draft_tokenizer: PreTrainedTokenizerBase, target_tokenizer: PreTrainedTokenizerBase,
                         draft_name: str = "draft", target_name: str = "target") -> str | None:
     """Why two tokenizers cannot be paired, or None when they can."""
+    if getattr(draft_tokenizer, "backend_tokenizer", None) is getattr(target_tokenizer, "backend_tokenizer", False):
+        return None  # one vocabulary, read once (tokenizer_cache)
     draft_vocab, target_vocab = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
     if draft_vocab == target_vocab:
         return None

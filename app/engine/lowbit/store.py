@@ -10,8 +10,10 @@ import torch
 from accelerate import init_empty_weights
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.initialization import no_init_weights
 
+from ..tokenizer_cache import folder_tokenizer
 from .modules import LowBitEmbedding, LowBitLinear, _Packed
 from .packing import PackedWeight
 
@@ -53,7 +55,7 @@ def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Pat
 def load(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     layout = json.loads((folder / LAYOUT).read_text())["modules"]
     config = AutoConfig.from_pretrained(folder)
-    with init_empty_weights():
+    with init_empty_weights(), no_init_weights():  # every weight comes from the file
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tensors = load_file(folder / WEIGHTS)
     for name, spec in layout.items():
@@ -75,4 +77,4 @@ def load(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     missing = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
     if missing:
         raise ValueError(f"{folder} is incomplete (no {missing[0]})")
-    return model.eval(), AutoTokenizer.from_pretrained(folder)
+    return model.eval(), folder_tokenizer(folder)
