@@ -330,6 +330,27 @@ def test_verified_rows_equal_rows_decoded_alone(isa, monkeypatch):
 
 
 @pytest.mark.skipif(kernel.native() is None, reason="the C++ kernel is not built on this machine")
+@pytest.mark.parametrize("keep", [1, 10])  # 10: the rows kept span two chunks
+def test_a_long_prompt_read_in_chunks_equals_one_call(keep, monkeypatch):
+    """The native stack reads a long prompt PREFILL_CHUNK rows per call (bounded buffers): the
+    kept logits and the cache it leaves are bit-identical to one call over the whole prompt."""
+    from app.engine import lean_decoder
+    from app.engine.cached_model import cached
+
+    model = quantize_model(tiny_model(seed=7, hidden=64).model, 4)
+    prompt, follow = torch.arange(3, 43) % 96, torch.tensor([5, 6, 7])
+    results = []
+    for chunk in (7, 1000):
+        monkeypatch.setattr(lean_decoder, "PREFILL_CHUNK", chunk)
+        decoder = cached(model)
+        assert decoder.stack is not None
+        results.append((decoder.forward(prompt, keep=keep), decoder.forward(follow, keep=3)))
+    (chunked, chunked_next), (whole, whole_next) = results
+    assert chunked.shape[0] == keep
+    assert torch.equal(chunked, whole) and torch.equal(chunked_next, whole_next)
+
+
+@pytest.mark.skipif(kernel.native() is None, reason="the C++ kernel is not built on this machine")
 def test_a_built_kernel_is_loaded_as_it_is_without_a_compiler(tmp_path):
     """The library built for these sources is reused from its folder as it is, also from another
     checkout or environment (torch's builder would rebuild it there, or fail without tools)."""

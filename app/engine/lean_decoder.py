@@ -19,6 +19,7 @@ from .lowbit import kernel
 from .lowbit.modules import LowBitLinear, fuse
 
 SUPPORTED = {"qwen2", "llama"}
+PREFILL_CHUNK = 256  # rows per native stack call (64 to 256 read a 2,000-token prompt equally fast)
 
 
 def supports(model: nn.Module) -> bool:
@@ -127,12 +128,27 @@ class LeanDecoder:
         positions = torch.arange(start, end, device=self.device).view(1, n)
         cos, sin = decoder.rotary_emb(hidden, positions)
         if self.stack is not None:
-            hidden = self.stack.forward(hidden[0], [k[0] for k in self.keys], [v[0] for v in self.values],
-                                        cos[0], sin[0], start)[None]
+            hidden = self._stack_in_chunks(hidden[0], cos[0], sin[0], start, keep)[None]
         else:
             hidden = self._layers(hidden, cos, sin, start, keep)
         self.ids += token_ids.tolist()
         return _rms_norm(decoder.norm, hidden[0, -keep:])
+
+    def _stack_in_chunks(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+                         keep: int) -> torch.Tensor:
+        """hidden [n, D] through the native stack, PREFILL_CHUNK rows per call -> the rows of the
+        calls that hold the last `keep` rows [>= keep, D]. Every row's arithmetic is the same whatever
+        the call's size (batch invariance), so the cache and logits equal one call's, without one
+        call's buffers growing with n: a 3,900-token prompt took 61 s to read in one call, 37 s in
+        chunks (the attention's scores alone had taken 370 MB per thread and layer)."""
+        keys, values = [k[0] for k in self.keys], [v[0] for v in self.values]
+        n, kept = hidden.shape[0], []
+        for first in range(0, n, PREFILL_CHUNK):
+            last = min(n, first + PREFILL_CHUNK)
+            out = self.stack.forward(hidden[first:last], keys, values, cos[first:last], sin[first:last], start + first)
+            if last > n - keep:
+                kept.append(out)
+        return torch.cat(kept) if len(kept) > 1 else kept[0]
 
     def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, keep: int) -> torch.Tensor:
         """hidden [1, n, D] through every layer in Python (no C++ kernel), writing the cache."""
