@@ -211,6 +211,16 @@ def test_cost_aware_policy_weighs_the_drafts_catch_up_against_the_tokens_left():
     assert policy.next_k(remaining=64, catch_up=0) == policy.k  # nothing to catch up on
 
 
+def test_a_long_catch_up_waits_for_the_answer_to_prove_long():
+    """The catch-up is priced over the tokens still to come as far as the answer shows: its length
+    so far (at least expected_answer), within the budget left, not the whole budget."""
+    policy = CostAwareK(with_catch_up(2.0))
+    assert policy.next_k(remaining=511, catch_up=2800, generated=1) == 0  # 5.6 s against about 128 tokens
+    assert policy.next_k(remaining=1000, catch_up=2800, generated=600) == policy.k  # a long answer earns it
+    assert policy.next_k(remaining=100, catch_up=2800, generated=600) == 0  # but not with 100 tokens left
+    assert policy.next_k(remaining=511, catch_up=150, generated=1) == policy.k  # a chat prompt: 0.3 s
+
+
 def test_a_probe_is_not_worth_a_long_catch_up():
     policy = CostAwareK(costs({1: 50, 9: 110, 17: 180}, draft_ms=15))
     policy.costs.catch_up_token = 0.002
@@ -220,7 +230,7 @@ def test_a_probe_is_not_worth_a_long_catch_up():
         policy.update(n_drafted=0, n_accepted=0, target_seconds=0.05)
     assert policy.k > 0  # it wants to probe
     assert policy.next_k(remaining=400, catch_up=policy.probe_every) == policy.k  # 16 ms after a run of plain steps
-    assert policy.next_k(remaining=400, catch_up=100) == policy.k  # 0.2 s of 20 s left: worth a look
+    assert policy.next_k(remaining=400, catch_up=100, generated=400) == policy.k  # 0.2 s of 20 s to come: worth a look
     assert policy.next_k(remaining=400, catch_up=600) == 0  # 1.2 s just to look
 
 

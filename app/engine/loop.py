@@ -73,7 +73,7 @@ def speculative_generate(
         # The first token comes as soon as the target has read the prompt: a draft that must
         # first read it too (more than a few tokens) starts drafting at the second step.
         behind = proposer.behind()
-        k = 0 if n_new == 0 and behind else min(policy.next_k(budget - n_new, behind), room)
+        k = 0 if n_new == 0 and behind else min(policy.next_k(budget - n_new, behind, n_new), room)
         draft_start = clock.now()
         draft = proposer.propose(k, policy.min_confidence, limit=room)
         draft_tokens = draft.tokens.to(target.device)
