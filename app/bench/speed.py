@@ -158,6 +158,34 @@ def follow_up_first_token(engine: SpeculativeEngine, options: GenerationOptions,
     return {key: round(value, 3) if isinstance(value, float) else value for key, value in record.items()}
 
 
+LONG_PROMPT_TOKENS = 2000  # about three news articles: a document pasted in to summarise
+LONG_PROMPT_QUESTION = "Summarize the articles above in a few sentences."
+
+
+def long_prompt(tokenizer, data_dir: Path, tokens: int = LONG_PROMPT_TOKENS) -> list[int]:
+    """The chat prompt of whole CNN/DailyMail articles, as many as reach `tokens`, then a request to summarise."""
+    articles, text = iter(read_jsonl(data_dir / "cnndm_test80.jsonl")), ""
+    while len(tokenizer(text).input_ids) < tokens:
+        text += next(articles)["article"] + "\n\n"
+    return chat_prompt_ids(tokenizer, [{"role": "user", "content": text + LONG_PROMPT_QUESTION}])
+
+
+def long_prompt_runs(runs: dict[str, Run], prompt: list[int], max_new_tokens: int) -> dict:
+    """Each mode on the long prompt: first token (its reading), then the answer's pace."""
+    record, outputs = {"prompt_tokens": len(prompt)}, {}
+    for name, run in runs.items():
+        start = time.perf_counter()
+        result = run(prompt, max_new_tokens)
+        seconds = time.perf_counter() - start
+        outputs[name] = result.ids
+        after_first = seconds - result.first_token_seconds
+        record[name] = {"tokens": len(result.ids), "seconds": round(seconds, 2),
+                        "first_token_seconds": round(result.first_token_seconds, 2),
+                        "tokens_per_s_after_first": round((len(result.ids) - 1) / after_first, 2) if after_first > 0 else None}
+    record["identical"] = outputs["speculative"] == outputs["plain"]
+    return record
+
+
 def verify_cost_curve(model: LoadedModel, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3,
                       vocabulary=None) -> dict:
     """Milliseconds of one pass over n new tokens after `context` cached ones (best of `repeats`):
@@ -227,8 +255,11 @@ def run_speed(args: argparse.Namespace) -> dict:
                     outputs["speculative"], peer)
             per_prompt.append(record)
             bar.update(len(modes))
+    long_runs = {name: modes[name] for name in ("speculative", "plain", "llama.cpp_plain") if name in modes}
+    print(f"long prompt ({LONG_PROMPT_TOKENS}+ tokens of articles to summarise): {', '.join(long_runs)}", flush=True)
+    long = long_prompt_runs(long_runs, long_prompt(target.tokenizer, DEFAULT_DATA_DIR), args.max_new_tokens)
     agreement = {name: sum(r["modes"][name]["same_as_plain"] for r in per_prompt) for name in modes}
-    identical = agreement["speculative"] == len(prompts)
+    identical = agreement["speculative"] == len(prompts) and long["identical"]
 
     summaries = {name: total.summary() for name, total in totals.items()}
     speed = {name: total.tokens_per_s for name, total in totals.items()}
@@ -247,6 +278,7 @@ def run_speed(args: argparse.Namespace) -> dict:
         "memory": {"target_bytes": target.memory_bytes, "draft_bytes": draft.memory_bytes,
                    "process_rss_after_load_bytes": rss_after_load},
         "follow_up": _follow_up_summary([r["follow_up"] for r in per_prompt if "follow_up" in r]),
+        "long_prompt": long,
         "verify_cost_ms": curve,
         "draft_cost_ms": draft_curve,
         # what the cost-aware policy believed at the end: the costs it chose k by
@@ -259,7 +291,7 @@ def run_speed(args: argparse.Namespace) -> dict:
         "best_hf_assisted": best_hf,
         "decode_speedup_vs_llama_cpp_plain": round(decode["speculative"] / decode["llama.cpp_plain"], 3)
         if decode.get("llama.cpp_plain") else None,
-        "identical": identical,  # ours: speculative == plain greedy on every prompt
+        "identical": identical,  # ours: speculative == plain greedy on every prompt, the long one too
         "prompts_matching_our_plain": agreement,
         "llama_cpp_speculative_matching_its_plain": sum(
             r["modes"]["llama.cpp_speculative"]["same_as_llama_plain"] for r in per_prompt) if "llama.cpp_plain" in modes else None,
@@ -318,6 +350,11 @@ def format_table(result: dict) -> str:
         lines.append(f"follow-up question ({follow['conversations']} conversations, {follow['prompt_tokens']:.0f} prompt "
                      f"tokens on average, {follow['cached_tokens']:.0f} of them cached): first token ours "
                      f"{follow['ours_kept_seconds']:.2f} s (afresh {follow['ours_afresh_seconds']:.2f} s){peer_line}")
+    if long := result.get("long_prompt"):
+        lines.append(f"long prompt ({long['prompt_tokens']} tokens, articles to summarise), first token s / tokens/s "
+                     "after it: " + "; ".join(f"{name} {long[name]['first_token_seconds']:.1f} / "
+                                              f"{long[name]['tokens_per_s_after_first']}"
+                                              for name in long if isinstance(long[name], dict)))
     lines.append(f"verify cost, ms per target pass over n tokens: {result['verify_cost_ms']}; "
                  f"draft: {result['draft_cost_ms']}")
     lines.append(f"memory: target {memory['target_bytes'] / 2**30:.2f} GiB ({result['config']['precision']}), "
