@@ -16,6 +16,7 @@ from tqdm import tqdm
 from ..chat.prompt import chat_prompt_ids
 from ..engine.cached_model import cached as cached_forward, pass_seconds
 from ..engine.engine import GenerationOptions, SpeculativeEngine
+from ..engine.lowbit.skeleton import as_transformers
 from ..engine.models import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
 from ..options import add_engine_arguments, generation_options
@@ -104,19 +105,21 @@ def ours(engine: SpeculativeEngine, options: GenerationOptions) -> Run:
 
 def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
     """k=None: transformers' defaults; else a constant draft length without confidence stops."""
+    # transformers' own models around the same modules (the low-bit ones load without them)
+    target_model, draft_model = as_transformers(target.model), as_transformers(draft.model)
     # generate() may adjust the assistant's config in place; every call starts from the original.
-    pristine = copy.deepcopy(draft.model.generation_config)
+    pristine = copy.deepcopy(draft_model.generation_config)
     stop = sorted(target.stop_tokens)
     tuning = {} if k is None else {
         "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0
     }
 
     def run(prompt: list[int], max_new_tokens: int) -> RunResult:
-        draft.model.generation_config = copy.deepcopy(pristine)
-        input_ids = torch.tensor([prompt], device=target.model.device)
+        draft_model.generation_config = copy.deepcopy(pristine)
+        input_ids = torch.tensor([prompt], device=target_model.device)
         with torch.inference_mode():
-            out = target.model.generate(
-                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft.model,
+            out = target_model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft_model,
                 do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=stop[0], **tuning,
             )
         return RunResult(out[0, len(prompt):].tolist())

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicSlidingWindowLayer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class CachedModel:
@@ -22,6 +24,9 @@ class CachedModel:
         self.reset()
 
     def reset(self) -> None:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicSlidingWindowLayer
+
         self.cache = DynamicCache(config=self.model.config)
         # Sliding-window layers (Mistral, Gemma 2/3 style) keep only the window unless they record
         # the past; recording keeps the rejected tail until rollback crops it.

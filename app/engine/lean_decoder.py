@@ -13,20 +13,15 @@ import weakref
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from .lowbit import kernel
+from .lowbit import kernel, skeleton
 from .lowbit.modules import LowBitLinear, fuse
 
-SUPPORTED = {"qwen2", "llama"}
 PREFILL_CHUNK = 256  # rows per native stack call (64 to 256 read a 2,000-token prompt equally fast)
 
 
 def supports(model: nn.Module) -> bool:
-    config = model.config
-    return (config.model_type in SUPPORTED and not getattr(config, "use_sliding_window", False)
-            and getattr(config, "pretraining_tp", 1) == 1 and config.hidden_act == "silu" and hasattr(model, "model")
-            and hasattr(model.model, "rotary_emb"))
+    return skeleton.runs_lean(model.config) and hasattr(model, "model") and hasattr(model.model, "rotary_emb")
 
 
 class LeanDecoder:
@@ -171,7 +166,7 @@ class LeanDecoder:
             q = q.reshape(1, n, self.heads, self.head_dim).transpose(1, 2)
             k = k.reshape(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.reshape(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             self.keys[index][..., start:end] = k.transpose(2, 3)
             self.values[index][:, :, start:end] = v
             out = self._attention(q, index, start, mask, attention.scaling, exact_rows=keep > 1)
@@ -235,3 +230,11 @@ def fused_projections(model: nn.Module) -> tuple[list, list]:
 def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """One pass instead of the module's six tensor ops (float32 throughout, as the module computes)."""
     return kernel.rms_norm(x, norm.weight, norm.variance_epsilon)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of x [1, heads, n, head_dim] with cos, sin [1, n, head_dim], as
+    transformers' apply_rotary_pos_emb computes it."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from . import default_models
 from .cache import cache_root
@@ -28,9 +29,11 @@ from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import IncompatibleModelsError, ModelError
 from .lowbit import store as lowbit_store
 from .lowbit.kernel import KERNEL_NAMES, build_in_background, machine_isa, why_not_native
-from .lowbit.loader import load_gguf_lowbit
 from .lowbit.modules import quantize_model
 from .tokenizer_cache import folder_tokenizer
+
+if TYPE_CHECKING:  # transformers' modeling code takes seconds to import: only where a load needs it
+    from transformers import PreTrainedModel
 
 Progress = Callable[[str, float | None], None]  # (stage, fraction done or None when unknown)
 
@@ -108,6 +111,8 @@ def load_model(
             return LoadedModel(name, model, tokenizer, f"{precision.value}{kernel_note}")
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)
+        from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **_local_only(folder))
         tokenizer = _tokenizer(folder)
     except ModelError:
@@ -131,6 +136,8 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     if packaged is None and path.suffix.lower() != ".gguf":  # a float model folder or hub id
         folder = _prepared_source(source, report)
         report(f"Quantizing {path.name or source} to {bits or 8} bits", None)
+        from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **_local_only(folder))
         return quantize_model(model.eval(), bits or 8), _tokenizer(folder)
     if packaged is not None:
@@ -144,6 +151,8 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
             packaged, cache_dir() / f"{packaged.name}.gguf", lambda stage, f: report(stage, f)
         ) if packaged else path
         report(f"Repacking {folder.name} (first start only)", None)
+        from .lowbit.loader import load_gguf_lowbit
+
         try:
             model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {folder.name}", f))
             tokenizer = _gguf_tokenizer(gguf_path, model.config.model_type)
@@ -211,6 +220,8 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
     if (folder / "config.json").is_file():
         return folder
     report(f"Dequantizing {name} (first start only, about a minute)", None)
+    from transformers import AutoModelForCausalLM
+
     try:
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)

@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from accelerate import init_empty_weights
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.initialization import no_init_weights
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from ..tokenizer_cache import folder_tokenizer
+from . import skeleton
 from .modules import LowBitEmbedding, LowBitLinear, _Packed
 from .packing import PackedWeight
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 LAYOUT = "lowbit.json"
 WEIGHTS = "lowbit.safetensors"
@@ -52,11 +55,19 @@ def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Pat
     partial.rename(folder)  # a folder appears only complete
 
 
-def load(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load(folder: Path) -> tuple[nn.Module, PreTrainedTokenizerBase]:
+    """The model (skeleton.CausalLM where LeanDecoder runs it, else transformers') and its tokenizer."""
     layout = json.loads((folder / LAYOUT).read_text())["modules"]
     config = AutoConfig.from_pretrained(folder)
-    with init_empty_weights(), no_init_weights():  # every weight comes from the file
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if skeleton.can_build(config):  # what LeanDecoder runs, without transformers' modeling code
+        model = skeleton.CausalLM(config)
+    else:
+        from accelerate import init_empty_weights
+        from transformers import AutoModelForCausalLM
+        from transformers.initialization import no_init_weights
+
+        with init_empty_weights(), no_init_weights():  # every weight comes from the file
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tensors = load_file(folder / WEIGHTS)
     for name, spec in layout.items():
         source = spec["weights_of"]

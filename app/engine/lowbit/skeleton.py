@@ -1,0 +1,155 @@
+"""The module tree of a Llama/Qwen2 decoder without transformers' modeling code.
+
+A low-bit model from the cache runs only through lean_decoder.LeanDecoder, which needs the
+tree's modules and the config. Building transformers' own model for it imported transformers'
+modeling code (torch._dynamo, torch.distributed and more): about 2 s and 90 MB of every later
+start. The modules here carry transformers' names, so the stored tensors load by name;
+`as_transformers` wraps the same modules in transformers' model where its loops need one (Hugging
+Face assisted generation in `bench speed`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+SUPPORTED = {"qwen2", "llama"}
+# Rotary types whose frequencies do not change with the sequence (transformers' dynamic ones do)
+STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
+
+
+def runs_lean(config) -> bool:
+    """Whether lean_decoder.LeanDecoder runs a model of this config."""
+    return (config.model_type in SUPPORTED and not getattr(config, "use_sliding_window", False)
+            and getattr(config, "pretraining_tp", 1) == 1 and config.hidden_act == "silu")
+
+
+def can_build(config) -> bool:
+    """Whether LeanDecoder runs this config and its rotary embedding is one built here."""
+    return runs_lean(config) and _rope(config)["rope_type"] in STATIC_ROPE
+
+
+def _rope(config) -> dict:
+    parameters = getattr(config, "rope_parameters", None) or {}
+    return {"rope_type": "default", **parameters}
+
+
+class RMSNorm(nn.Module):
+    """The weight and epsilon LeanDecoder normalises with (its kernel does the arithmetic)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.variance_epsilon = eps
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin of each position, as transformers' Llama/Qwen2 rotary embedding computes them."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        rope = _rope(config)
+        if rope["rope_type"] == "default":
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            inverse = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            self.attention_scaling = 1.0
+        else:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inverse, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, torch.device("cpu"))
+        self.register_buffer("inv_freq", inverse.float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: only its device and dtype; position_ids [1, n] -> cos, sin [1, n, head_dim]."""
+        freqs = position_ids[..., None].float() * self.inv_freq.to(x.device)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return (angles.cos() * self.attention_scaling).to(x.dtype), (angles.sin() * self.attention_scaling).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
+        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=getattr(config, "attention_bias", False))
+        self.scaling = head_dim**-0.5
+
+
+class MLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act_fn = F.silu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        # A given weight skips the initialisation (its normal_ imports torch._dynamo: 1.6 s)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size), _freeze=True)
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """model.model (the decoder) and model.lm_head, as transformers' *ForCausalLM names them.
+    Built on the meta device (no memory, no initialisation): the loader puts every weight in place."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers import GenerationConfig
+
+        self.config = config
+        self.generation_config = GenerationConfig.from_model_config(config)
+        with torch.device("meta"):
+            self.model = Decoder(config)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Real buffers, computed from the config (outside the meta device, whose arange imports torch._dynamo)
+        self.model.rotary_emb = RotaryEmbedding(config)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.rotary_emb.inv_freq.device
+
+
+def as_transformers(model: nn.Module) -> nn.Module:
+    """transformers' own model holding the same modules (weights shared, nothing copied), for
+    loops that need one; a transformers model is returned as it is."""
+    if not isinstance(model, CausalLM):
+        return model
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    with init_empty_weights(), no_init_weights():
+        wrapped = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    wrapped.generation_config = model.generation_config
+    wrapped.model.embed_tokens, wrapped.lm_head = model.model.embed_tokens, model.lm_head
+    wrapped.model.norm.weight = model.model.norm.weight
+    for theirs, ours in zip(wrapped.model.layers, model.model.layers):
+        for name in ("input_layernorm", "post_attention_layernorm"):  # theirs compute, ours only hold
+            getattr(theirs, name).weight = getattr(ours, name).weight
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(theirs.self_attn, name, getattr(ours.self_attn, name))
+        theirs.mlp = ours.mlp
+    return wrapped.eval()
