@@ -137,12 +137,7 @@ def as_transformers(model: nn.Module) -> nn.Module:
     loops that need one; a transformers model is returned as it is."""
     if not isinstance(model, CausalLM):
         return model
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
-
-    with init_empty_weights(), no_init_weights():
-        wrapped = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    wrapped = empty_transformers_model(model.config)
     wrapped.generation_config = model.generation_config
     wrapped.model.embed_tokens, wrapped.lm_head = model.model.embed_tokens, model.lm_head
     wrapped.model.norm.weight = model.model.norm.weight
@@ -153,3 +148,14 @@ def as_transformers(model: nn.Module) -> nn.Module:
             setattr(theirs.self_attn, name, getattr(ours.self_attn, name))
         theirs.mlp = ours.mlp
     return wrapped.eval()
+
+
+def empty_transformers_model(config) -> nn.Module:
+    """transformers' model for a config, its parameters on the meta device and not initialised
+    (every weight is put in place afterwards)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    with init_empty_weights(), no_init_weights():
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -59,15 +59,8 @@ def load(folder: Path) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     """The model (skeleton.CausalLM where LeanDecoder runs it, else transformers') and its tokenizer."""
     layout = json.loads((folder / LAYOUT).read_text())["modules"]
     config = AutoConfig.from_pretrained(folder)
-    if skeleton.can_build(config):  # what LeanDecoder runs, without transformers' modeling code
-        model = skeleton.CausalLM(config)
-    else:
-        from accelerate import init_empty_weights
-        from transformers import AutoModelForCausalLM
-        from transformers.initialization import no_init_weights
-
-        with init_empty_weights(), no_init_weights():  # every weight comes from the file
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # What LeanDecoder runs loads without transformers' modeling code; every weight comes from the file.
+    model = skeleton.CausalLM(config) if skeleton.can_build(config) else skeleton.empty_transformers_model(config)
     tensors = load_file(folder / WEIGHTS)
     for name, spec in layout.items():
         source = spec["weights_of"]
