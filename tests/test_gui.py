@@ -399,3 +399,16 @@ def test_window_shortcuts_work_while_typing(qtbot, make_window):
         qtbot.keyClick(window.composer, Qt.Key_K, Qt.ControlModifier)
     assert window.conversation.messages[-1].stats.comparison is not None
     assert window.composer.toPlainText() == "a message being written"
+
+
+def test_the_status_bar_tells_how_far_a_long_prompt_is_read(qtbot, make_window, monkeypatch):
+    from app.engine import loop
+
+    monkeypatch.setattr(loop, "PROMPT_CHUNK", 4)
+    window = make_window()
+    shown = []
+    window.statusBar().messageChanged.connect(shown.append)
+    answer = send_and_wait(qtbot, window, "a question long enough to be read in several chunks of four")
+    prompt = answer.stats.prompt_tokens
+    assert f"Reading the prompt: 4 of {prompt:,} tokens..." in shown
+    assert not window.statusBar().currentMessage().startswith("Reading")  # cleared once the answer came

@@ -111,3 +111,31 @@ def test_a_second_concurrent_request_is_refused(tiny_target):
         next(engine.generate(PROMPT, GenerationOptions(speculative=False, max_new_tokens=5)))
     list(first)  # the first request finishes normally and frees the engine
     assert len(list(engine.generate(PROMPT, GenerationOptions(speculative=False, max_new_tokens=5)))) > 0
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_long_prompt_is_read_in_chunks_that_report_progress_and_can_be_stopped(monkeypatch, speculative):
+    """Reading a prompt PROMPT_CHUNK tokens at a time announces each chunk after the first with a
+    step without tokens, changes no output (the low-bit target is batch invariant), and Stop
+    between chunks ends the request before its first token, keeping what was read."""
+    from app.engine import loop
+    from tests.tiny import wide_low_bit
+
+    target, draft = wide_low_bit(seed=3, bits=4), wide_low_bit(seed=4, bits=4)
+    prompt = [(7 * i) % 90 + 1 for i in range(40)]
+    options = dict(speculative=speculative, max_new_tokens=12)
+    whole = generated_ids(SpeculativeEngine(target, draft), prompt, **options)
+    monkeypatch.setattr(loop, "PROMPT_CHUNK", 8)
+    engine = SpeculativeEngine(target, draft)
+    steps = all_steps(engine, prompt, **options)
+    progress = [step.stats.prompt_read for step in steps if not step.tokens and step.finish is None]
+    assert progress == [8, 16, 24, 32]  # 39 tokens before the last, which goes with the first step
+    assert [t.id for step in steps for t in step.tokens] == whole
+    cancel = threading.Event()
+    engine.forget()
+    stopped = []
+    for step in engine.generate(prompt, GenerationOptions(**options), cancel):
+        stopped.append(step)
+        cancel.set()
+    assert [s.stats.prompt_read for s in stopped] == [8, 0] and stopped[-1].finish == "cancelled"
+    assert all(not s.tokens for s in stopped) and engine._target.length == 8

@@ -96,7 +96,8 @@ def ours(engine: SpeculativeEngine, options: GenerationOptions) -> Run:
         engine.forget()  # every run reads its whole prompt, as the peers' runs do
         start, steps, first = time.perf_counter(), [], None
         for step in engine.generate(prompt, replace(options, max_new_tokens=max_new_tokens)):
-            first = time.perf_counter() - start if first is None else first
+            if step.tokens:  # not a long prompt's reading progress
+                first = time.perf_counter() - start if first is None else first
             steps.append(step)
         return RunResult([t.id for s in steps for t in s.tokens], steps[-1].stats, first_token_seconds=first)
 
@@ -135,7 +136,7 @@ def first_step_seconds(engine: SpeculativeEngine, prompt: list[int], options: Ge
     """Seconds until the first step's tokens arrive, and the prompt tokens found in the cache."""
     start = time.perf_counter()
     steps = engine.generate(prompt, options)
-    first = next(steps)
+    first = next(step for step in steps if step.tokens or step.finish)
     seconds = time.perf_counter() - start
     steps.close()
     return seconds, first.stats.cached_prompt_tokens

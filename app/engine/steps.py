@@ -49,6 +49,7 @@ class Stats:
     accepted_lengths: tuple[int, ...] = ()  # accepted drafts per step that drafted
     looked_up: int = 0  # drafted tokens that were looked up in earlier text, not drafted by a model
     cached_prompt_tokens: int = 0  # prompt tokens the target's cache held from an earlier request
+    prompt_read: int = 0  # while a long prompt is read (no tokens yet): prompt tokens in the cache so far
 
     def after_step(self, n_drafted: int, n_accepted: int, n_emitted: int, draft_seconds: float,
                    target_seconds: float, prefill_seconds: float = 0.0, looked_up: int = 0) -> Stats:

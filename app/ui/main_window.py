@@ -51,6 +51,7 @@ class MainWindow(QMainWindow):
         self.loader = Loader()
         self.progress: QProgressDialog | None = None
         self._render_timer = QTimer(self, singleShot=True, interval=40)
+        self._reading_prompt = False  # the status bar shows how far a long prompt is read
         self._render_timer.timeout.connect(self._render)
 
         self.setWindowTitle("SpecChat")
@@ -535,6 +536,13 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Stopping after this step...", 3000)
 
     def _on_step(self, step) -> None:
+        if step.stats.prompt_read:  # a long prompt is still being read
+            total = self.session.builder.stats.prompt_tokens if self.session.builder else 0
+            self.statusBar().showMessage(f"Reading the prompt: {step.stats.prompt_read:,} of {total:,} tokens...")
+            self._reading_prompt = True
+        elif self._reading_prompt:
+            self._reading_prompt = False
+            self.statusBar().clearMessage()
         self.session.add_step(step)
         if not self._render_timer.isActive():
             self._render_timer.start()
