@@ -111,9 +111,7 @@ def load_model(
             return LoadedModel(name, model, tokenizer, f"{precision.value}{kernel_note}")
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **_local_only(folder))
+        model = _from_pretrained(folder, dtype=dtype, **_local_only(folder))
         tokenizer = _tokenizer(folder)
     except ModelError:
         raise
@@ -136,9 +134,7 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     if packaged is None and path.suffix.lower() != ".gguf":  # a float model folder or hub id
         folder = _prepared_source(source, report)
         report(f"Quantizing {path.name or source} to {bits or 8} bits", None)
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **_local_only(folder))
+        model = _from_pretrained(folder, dtype=torch.float32, **_local_only(folder))
         return quantize_model(model.eval(), bits or 8), _tokenizer(folder)
     if packaged is not None:
         folder = cache_dir() / f"{packaged.name}-{precision.value}"
@@ -180,8 +176,16 @@ def _file_key(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
+def _from_pretrained(*args, **kwargs) -> PreTrainedModel:
+    """AutoModelForCausalLM.from_pretrained, importing transformers' modeling code only when a
+    float model is loaded (a cached low-bit model needs none of it)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(*args, **kwargs)
+
+
 def _tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
-    return folder_tokenizer(folder) if Path(folder).is_dir() else AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return folder_tokenizer(folder) if Path(folder).is_dir() else AutoTokenizer.from_pretrained(folder, **_local_only(folder))
 
 
 def _local_only(folder: str | Path) -> dict:
@@ -220,10 +224,8 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
     if (folder / "config.json").is_file():
         return folder
     report(f"Dequantizing {name} (first start only, about a minute)", None)
-    from transformers import AutoModelForCausalLM
-
     try:
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        model = _from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
         raise ModelError(f"Cannot read GGUF file {gguf_path}: {error}") from error

@@ -35,6 +35,9 @@ class LoadResult:
     incompatible_draft: str | None = None  # source of a draft refused for its vocabulary
 
 
+READING_PROMPT = "Reading the prompt:"  # the status bar while a long prompt is read
+
+
 class MainWindow(QMainWindow):
     models_ready = Signal()
     answer_finished = Signal()
@@ -51,7 +54,6 @@ class MainWindow(QMainWindow):
         self.loader = Loader()
         self.progress: QProgressDialog | None = None
         self._render_timer = QTimer(self, singleShot=True, interval=40)
-        self._reading_prompt = False  # the status bar shows how far a long prompt is read
         self._render_timer.timeout.connect(self._render)
 
         self.setWindowTitle("SpecChat")
@@ -538,10 +540,8 @@ class MainWindow(QMainWindow):
     def _on_step(self, step) -> None:
         if step.stats.prompt_read:  # a long prompt is still being read
             total = self.session.builder.stats.prompt_tokens if self.session.builder else 0
-            self.statusBar().showMessage(f"Reading the prompt: {step.stats.prompt_read:,} of {total:,} tokens...")
-            self._reading_prompt = True
-        elif self._reading_prompt:
-            self._reading_prompt = False
+            self.statusBar().showMessage(f"{READING_PROMPT} {step.stats.prompt_read:,} of {total:,} tokens...")
+        elif self.statusBar().currentMessage().startswith(READING_PROMPT):
             self.statusBar().clearMessage()
         self.session.add_step(step)
         if not self._render_timer.isActive():
