@@ -1,12 +1,14 @@
 """A request keeps what the models' caches hold from the previous one that its prompt begins
-with (the conversation so far, a regenerated answer's prompt), and reads only the rest: the
-same tokens as reading the whole prompt again."""
+with (the conversation so far, a regenerated answer's prompt), or what a kept copy of an earlier
+conversation holds, and reads only the rest: the same tokens as reading the whole prompt again."""
 import threading
 
 import pytest
+import torch
 
 from app.engine.cached_model import cached
 from app.engine.engine import SpeculativeEngine
+from app.engine.prefix_cache import MIN_TOKENS, PrefixStore, Snapshot, keep_prefix
 from app.engine.proposers import DraftModelProposer
 from app.engine.sampling import SamplingParams
 from tests.helpers import all_steps, generated_ids, options
@@ -74,6 +76,58 @@ def test_a_stopped_answer_leaves_a_cache_the_next_request_can_use(engine):
     ids, cached = answered(engine, follow_up)
     assert cached == len(PROMPT)
     assert ids == read_afresh(engine, follow_up)
+
+
+def test_going_back_to_an_earlier_chat_reads_only_what_it_adds(engine):
+    """A question in another chat replaces the live caches; the first chat's were kept aside."""
+    engine.forget()
+    first_chat = [(7 * i) % 90 + 1 for i in range(MIN_TOKENS + 10)]
+    answer, _ = answered(engine, first_chat)
+    answered(engine, PROMPT)  # the other chat
+    follow_up = first_chat + answer + [7, 8, 9]
+    ids, cached = answered(engine, follow_up)
+    assert cached == len(first_chat) + len(answer) - 1
+    assert engine._draft.length >= len(first_chat)  # the draft got its copy back too
+    assert ids == read_afresh(engine, follow_up) == read_afresh(engine, follow_up, speculative=False)
+
+
+def test_forgetting_drops_the_kept_copies(engine):
+    engine.forget()
+    first_chat = list(range(1, MIN_TOKENS + 11))
+    answered(engine, first_chat)
+    answered(engine, PROMPT)
+    engine.forget()
+    assert answered(engine, first_chat + [5])[1] == 0
+
+
+@pytest.mark.parametrize("kind", ["low-bit", "float"])
+def test_a_restored_cache_is_the_one_that_was_kept(kind):
+    """Restoring a copy of the first 80 of 100 tokens (the store's limit) leaves the cache a
+    fresh read of those 80 gives: the same logits for what follows."""
+    model = cached(wide_low_bit(5, 8).model if kind == "low-bit" else tiny_model(seed=3).model)
+    model.prefixes = PrefixStore(max_tokens=80)
+    conversation = [(5 * i) % 90 + 1 for i in range(100)]
+    model.feed(torch.tensor(conversation))
+    assert keep_prefix(model, PROMPT) == 1  # PROMPT shares one token with it: the rest kept aside
+    model.feed(torch.tensor(PROMPT[1:]))
+    assert keep_prefix(model, conversation) == 80
+    restored = model.forward(torch.tensor(conversation[80:90]), keep=10)
+    model.reset()
+    model.feed(torch.tensor(conversation[:80]))
+    assert torch.equal(restored, model.forward(torch.tensor(conversation[80:90]), keep=10))
+
+
+def test_the_store_keeps_recent_copies_within_its_limit():
+    store = PrefixStore(max_tokens=300)
+    store.keep(Snapshot(list(range(100)), None))
+    store.keep(Snapshot(list(range(150)), None))  # contains the first: it goes
+    assert [len(s.ids) for s in store.snapshots] == [150]
+    store.keep(Snapshot([9] * 100, None))
+    store.keep(Snapshot([8] * 100, None))  # over the limit: the oldest goes
+    assert [s.ids[0] for s in store.snapshots] == [9, 8]
+    assert store.take([9] * 50 + [1], cached=0) is None  # shares fewer than MIN_TOKENS more than the live cache
+    assert store.take([9] * 90 + [1], cached=0).ids == [9] * 100
+    assert [s.ids[0] for s in store.snapshots] == [8]  # taken out: the live cache holds it now
 
 
 def test_the_draft_keeps_its_cache_too():

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine import default_models
-from ..engine.cached_model import common_prefix
+from ..engine.prefix_cache import common_prefix
 from ..engine.models import cache_dir
 
 N_DRAFT_MAX = 8

@@ -1,8 +1,8 @@
 """A causal LM with its KV cache; rollback is cropping the cache to a committed length.
 
 Both cached models (this one and lean_decoder.LeanDecoder) remember which tokens their cache
-holds, so a request can keep what an earlier one left (keep_prefix): the conversation so far,
-a regenerated answer's prompt."""
+holds and copy it out and back (snapshot, restore), so a request can keep what earlier ones
+left (prefix_cache.keep_prefix)."""
 from __future__ import annotations
 
 import time
@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
+
+from .prefix_cache import PrefixStore, Snapshot
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -21,6 +23,7 @@ class CachedModel:
         self.device = model.device
         # Logits beyond the shared vocabulary (embedding padding) are never real tokens.
         self.vocab_width = vocab_width
+        self.prefixes = PrefixStore()
         self.reset()
 
     def reset(self) -> None:
@@ -68,21 +71,20 @@ class CachedModel:
             self.cache.crop(length - self.length)
             del self.ids[length:]
 
+    @torch.inference_mode()
+    def snapshot(self, max_tokens: int) -> Snapshot:
+        """A copy of the cache's first max_tokens tokens."""
+        n = min(self.length, max_tokens)
+        return Snapshot(self.ids[:n], [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone())
+                                       for layer in self.cache.layers])
 
-def common_prefix(a, b) -> int:
-    """The length of the longest common prefix of two token id sequences."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def keep_prefix(model, token_ids: list[int]) -> int:
-    """Roll a cached model (either kind) back to the longest common prefix of what its cache
-    holds and token_ids; returns that prefix's length (the tokens it need not read again)."""
-    if not model.reuses_prefix:  # rolling it far back would break its cache: start afresh
-        model.reset()
-        return 0
-    kept = common_prefix(model.ids, token_ids)
-    model.rollback(kept)
-    return kept
+    @torch.inference_mode()
+    def restore(self, snapshot: Snapshot) -> None:
+        """The cache becomes the snapshot's (which stays unchanged)."""
+        self.reset()
+        for index, (keys, values) in enumerate(snapshot.state):
+            self.cache.update(keys.clone(), values.clone(), index)
+        self.ids = list(snapshot.ids)
 
 
 def cached(model: PreTrainedModel, vocab_width: int | None = None):

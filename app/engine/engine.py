@@ -1,7 +1,8 @@
 """The engine's front door: a target, an optional draft, and one generate() per request.
 
-One request at a time: each model has a single KV cache, kept from one request to the next so
-that a follow-up reads only what its prompt adds (see forget()).
+One request at a time: each model has a single KV cache, kept from one request to the next (and
+copies of earlier conversations' beside it) so that a follow-up reads only what its prompt adds
+(see forget()).
 """
 from __future__ import annotations
 
@@ -89,12 +90,13 @@ class SpeculativeEngine:
             self._busy.release()
 
     def forget(self) -> None:
-        """Empty both models' caches: the next request reads its whole prompt, as a first one
-        does (benchmarks time every run so). Otherwise each request keeps what the previous one
-        left that its prompt begins with."""
-        self._target.reset()
-        if self._draft is not None:
-            self._draft.reset()
+        """Empty both models' caches and their kept copies: the next request reads its whole
+        prompt, as a first one does (benchmarks time every run so). Otherwise each request keeps
+        what earlier ones left that its prompt begins with (see prefix_cache.py)."""
+        for model in (self._target, self._draft):
+            if model is not None:
+                model.reset()
+                model.prefixes.clear()
 
     def calibrate(self) -> None:
         """Time target passes over 1..17 tokens, a draft token and the draft's catch-up on 64

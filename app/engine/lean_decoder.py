@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from .lowbit import kernel, skeleton
 from .lowbit.modules import LowBitLinear, fuse
+from .prefix_cache import PrefixStore, Snapshot
 
 PREFILL_CHUNK = 256  # rows per native stack call (64 to 256 read a 2,000-token prompt equally fast)
 
@@ -43,6 +44,7 @@ class LeanDecoder:
         # per layer [1, kv_heads, head_dim, capacity], or [1, kv_heads, capacity / key_block, head_dim, key_block]
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
+        self.prefixes = PrefixStore()
         self.reset()
 
     def reset(self) -> None:
@@ -55,6 +57,26 @@ class LeanDecoder:
     def rollback(self, length: int) -> None:
         """Forget everything after the first `length` cached tokens."""
         del self.ids[length:]
+
+    @torch.inference_mode()
+    def snapshot(self, max_tokens: int) -> Snapshot:
+        """A copy of the cache's first max_tokens tokens."""
+        n = min(self.length, max_tokens)
+        keys = [k[:, :, : -(-n // self.key_block)] if self.key_block else k[..., :n] for k in self.keys]
+        return Snapshot(self.ids[:n], ([k.clone() for k in keys], [v[:, :, :n].clone() for v in self.values]))
+
+    @torch.inference_mode()
+    def restore(self, snapshot: Snapshot) -> None:
+        """The cache becomes the snapshot's (which stays unchanged)."""
+        n = len(snapshot.ids)
+        self._reserve(n)
+        for layer, (keys, values) in enumerate(zip(*snapshot.state)):
+            if self.key_block:
+                self.keys[layer][:, :, : keys.shape[2]] = keys
+            else:
+                self.keys[layer][..., :n] = keys
+            self.values[layer][:, :, :n] = values
+        self.ids = list(snapshot.ids)
 
     def _reserve(self, needed: int) -> None:
         capacity = self.values[0].shape[2] if self.values else 0

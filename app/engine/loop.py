@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .cached_model import CachedModel, keep_prefix
+from .cached_model import CachedModel
 from .errors import PromptTooLongError
 from .policy import DraftLengthPolicy
+from .prefix_cache import keep_prefix
 from .proposers import Draft, Proposer
 from .sampling import SamplingParams, logits_to_probs
 from .steps import EmittedToken, FinishReason, Source, Stats, Step

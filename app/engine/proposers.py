@@ -7,8 +7,9 @@ from typing import Protocol
 
 import torch
 
-from .cached_model import CachedModel, keep_prefix
+from .cached_model import CachedModel
 from .draft_vocabulary import DraftVocabulary
+from .prefix_cache import keep_prefix
 from .sampling import SamplingParams, logits_to_probs, sample
 
 
