@@ -1,0 +1,38 @@
+"""The nucleus filter and the draw: fast paths that must give what the plain definitions give."""
+import pytest
+import torch
+
+from app.engine.sampling import SamplingParams, draw, logits_to_probs
+
+
+def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The definition: sort every token, keep each while the mass before it is below top_p."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(-1)
+    sorted_logits = sorted_logits.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= top_p, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits).softmax(-1)
+
+
+@pytest.mark.parametrize("spread", [8.0, 3.0, 2.0, 0.5])  # nuclei of 1-56, 130-241, 968-1,142, 1,325-4,230 tokens
+@pytest.mark.parametrize("top_p", [0.5, 0.95])
+def test_the_nucleus_is_the_one_sorting_finds(spread, top_p):
+    logits = torch.randn(3, 5000, generator=torch.Generator().manual_seed(1)) * spread
+    params = SamplingParams(temperature=0.8, top_p=top_p)
+    probs = logits_to_probs(logits, params)
+    expected = nucleus_by_sorting(logits / 0.8, top_p)
+    assert torch.equal(probs > 0, expected > 0)
+    assert torch.allclose(probs, expected, atol=1e-7)
+
+
+def test_draws_follow_the_distribution_and_never_take_an_impossible_token():
+    weights = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.0, 0.0, 6.0, 0.0])  # unnormalised, zeros at both ends
+    generator = torch.Generator().manual_seed(0)
+    n = 20_000
+    ids = draw(weights.expand(n, -1), generator)
+    counts = torch.bincount(ids, minlength=len(weights)).float()
+    assert counts[weights == 0].sum() == 0
+    expected = weights / weights.sum() * n
+    # binomial standard deviations: sqrt(n p (1 - p)) at most 70 here; allow four of them
+    assert (counts - expected).abs().max() < 4 * 70
+    assert draw(weights, torch.Generator().manual_seed(5)).shape == ()
+
