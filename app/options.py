@@ -48,7 +48,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "three tokens occurred before (0: never; output unchanged)")
     parser.add_argument("--temperature", type=float, default=DEFAULTS.sampling.temperature,
                         help="0 = greedy (exactly the target's own output)")
-    parser.add_argument("--top-p", type=float, default=DEFAULTS.sampling.top_p)
+    parser.add_argument("--top-k", type=int, default=DEFAULTS.sampling.top_k, help="0 = off")
+    parser.add_argument("--top-p", type=float, default=DEFAULTS.sampling.top_p, help="1 = off")
+    parser.add_argument("--min-p", type=float, default=DEFAULTS.sampling.min_p, help="0 = off")
     parser.add_argument("--seed", type=int, default=DEFAULTS.seed)
 
 
@@ -61,6 +63,7 @@ def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptio
     """The flags as options; `max_new_tokens` comes from the caller (benchmarks set their own budgets)."""
     options = GenerationOptions(
         speculative=args.speculative, proposer=ProposerKind(args.proposer), k=args.k, adaptive=args.adaptive,
-        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p), seed=args.seed, lookup=args.lookup,
+        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p),
+        seed=args.seed, lookup=args.lookup,
     )
     return replace(options, **overrides)

@@ -54,16 +54,25 @@ def pair():
     return target, draft
 
 
-@pytest.mark.parametrize(("rule", "temperature", "adaptive", "prompt"), [
-    ("correct", 0.7, False, PROMPT), ("correct", 1.0, False, PROMPT), ("correct", 0.7, True, PROMPT),
-    ("wrong", 0.7, False, PROMPT), ("correct", 0.7, False, REPEATING_PROMPT), ("correct", 0.7, False, REPEATS_AFTER_A_DRAFT),
+NUCLEUS = {"top_p": 0.9}
+ALL_FILTERS = {"top_k": 4, "top_p": 0.95, "min_p": 0.05}  # at temperature 1 here, each removes tokens the others keep
+
+
+@pytest.mark.parametrize(("rule", "temperature", "adaptive", "prompt", "filters"), [
+    ("correct", 0.7, False, PROMPT, NUCLEUS), ("correct", 1.0, False, PROMPT, NUCLEUS),
+    ("correct", 0.7, True, PROMPT, NUCLEUS), ("wrong", 0.7, False, PROMPT, NUCLEUS),
+    ("correct", 0.7, False, REPEATING_PROMPT, NUCLEUS), ("correct", 0.7, False, REPEATS_AFTER_A_DRAFT, NUCLEUS),
+    ("correct", 1.0, False, PROMPT, ALL_FILTERS),
 ])
-def test_two_token_distribution(pair, temperature, rule, adaptive, prompt, monkeypatch):
+def test_two_token_distribution(pair, temperature, rule, adaptive, prompt, filters, monkeypatch):
     if rule == "wrong":
         monkeypatch.setattr(verify_module, "verify_sampled", wrong_rule)
     target, draft = pair
-    params = SamplingParams(temperature=temperature, top_p=0.9)
+    params = SamplingParams(temperature=temperature, **filters)
     expected = exact_two_token_distribution(target, params, prompt)
+    for name in filters:  # every filter must matter, or the case proves nothing about it
+        loosened = {**filters, name: {"top_k": 0, "top_p": 1.0, "min_p": 0.0}[name]}
+        assert not torch.equal(expected, exact_two_token_distribution(target, SamplingParams(temperature, **loosened), prompt))
     engine = SpeculativeEngine(target, draft)
     counts, looked_up = torch.zeros(VOCAB, VOCAB), 0
     # Well-spread seeds: the first draws of generators seeded 0, 1, 2, ... are not independent

@@ -7,6 +7,7 @@ from app.chat.store import ChatStore
 from app.engine.steps import FinishReason
 from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from app.engine.errors import ModelError
+from app.engine.sampling import SamplingParams
 from app.ui.main_window import MainWindow
 from app.ui.theme import LIGHT
 from tests.tiny import tiny_model
@@ -147,6 +148,26 @@ def test_k_and_adaptive_reach_the_engine(qtbot, make_window, monkeypatch):
     assert not window.controls.lookup.isEnabled()  # prompt lookup has no draft model to spare
     send_and_wait(qtbot, window, "again")
     assert seen[-1].adaptive and seen[-1].k == 1 and seen[-1].proposer is ProposerKind.PROMPT_LOOKUP
+
+
+def test_sampling_filters_reach_the_engine_and_are_remembered(qtbot, make_window, monkeypatch):
+    seen = []
+    original = SpeculativeEngine.generate
+    monkeypatch.setattr(SpeculativeEngine, "generate",
+                        lambda self, ids, options, cancel=None: seen.append(options) or original(self, ids, options, cancel))
+    window = make_window()
+    chosen = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)
+    for control, value in (("temperature", 0.8), ("top_k", 40), ("top_p", 0.9), ("min_p", 0.05)):
+        getattr(window.controls, control).setValue(value)
+    send_and_wait(qtbot, window)
+    assert seen[-1].sampling == chosen
+    window.controls.min_p.setValue(0.0)
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.compare_button.click()
+    assert seen[-1].sampling == chosen and not seen[-1].speculative  # the answer's own settings
+    window.controls.min_p.setValue(0.05)
+    window.save_settings()
+    assert make_window().controls.generation_options().sampling == chosen
 
 
 def test_stop_cancels_generation(qtbot, make_window):

@@ -36,3 +36,17 @@ def test_draws_follow_the_distribution_and_never_take_an_impossible_token():
     assert (counts - expected).abs().max() < 4 * 70
     assert draw(weights, torch.Generator().manual_seed(5)).shape == ()
 
+
+
+def test_min_p_keeps_the_tokens_at_least_that_fraction_as_likely_as_the_likeliest():
+    logits = torch.log(torch.tensor([0.5, 0.2, 0.1, 0.09, 0.11]))
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, min_p=0.2))  # floor: 0.1
+    assert torch.allclose(probs, torch.tensor([0.5, 0.2, 0.1, 0.0, 0.11]) / 0.91)
+
+
+def test_the_filters_apply_in_order_temperature_top_k_top_p_min_p():
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05]))
+    # top-k 4 drops 0.05; top-p 0.8 of the rest (0.4, 0.3, 0.15, 0.1 over 0.95) keeps three; min-p 0.4
+    # then drops 0.15, less than 0.4 times the likeliest's 0.4
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=4, top_p=0.8, min_p=0.4))
+    assert torch.allclose(probs, torch.tensor([4 / 7, 3 / 7, 0.0, 0.0, 0.0]))

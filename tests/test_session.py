@@ -1,6 +1,7 @@
 """The chat session without Qt: requests, streaming saves, compare, interruption; the answer
 builder's provenance for tokens without text of their own; the model cache's stale loads."""
 import itertools
+import json
 import threading
 
 import pytest
@@ -8,10 +9,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from app.chat.answer import AnswerBuilder
-from app.chat.session import ChatSession, RequestKind
+from app.chat.session import ChatSession, RequestKind, options_of, settings_of
 from app.chat.store import ChatStore
-from app.engine.engine import SpeculativeEngine
+from app.engine.engine import GenerationOptions, SpeculativeEngine
 from app.engine.model_cache import ModelCache
+from app.engine.sampling import SamplingParams
 from app.engine.steps import EmittedToken, FinishReason, Source, Stats, Step
 from app.options import LoadOptions
 from tests.helpers import options
@@ -196,3 +198,11 @@ def test_compare_repeats_the_shown_versions_own_settings_also_after_a_reopen(tmp
     reopened.finish()
     reopened.show_version(1, 1)
     assert made_with(reopened.compare(engine, options(k=2, seed=1))) == (6, 9, 8, False)
+
+
+def test_the_sampling_filters_are_saved_with_an_answer_and_older_answers_still_read():
+    made = GenerationOptions(sampling=SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05), seed=3)
+    assert options_of(settings_of(made), GenerationOptions()).sampling == made.sampling
+    older = json.loads(settings_of(made))
+    del older["min_p"]  # saved before min-p existed
+    assert options_of(json.dumps(older), GenerationOptions()).sampling == SamplingParams(0.8, 40, 0.9, 0.0)

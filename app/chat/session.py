@@ -45,6 +45,7 @@ def settings_of(options: GenerationOptions) -> str:
     sampling = options.sampling
     return json.dumps({"proposer": options.proposer.value, "k": options.k, "adaptive": options.adaptive,
                        "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                       "min_p": sampling.min_p,
                        "seed": options.seed, "max_new_tokens": options.max_new_tokens})
 
 
@@ -57,7 +58,7 @@ def options_of(saved: str, fallback: GenerationOptions) -> GenerationOptions:
                        adaptive=bool(settings["adaptive"]), seed=int(settings["seed"]),
                        max_new_tokens=int(settings["max_new_tokens"]),
                        sampling=SamplingParams(float(settings["temperature"]), int(settings["top_k"]),
-                                               float(settings["top_p"])))
+                                               float(settings["top_p"]), float(settings.get("min_p", 0.0))))
     except (KeyError, TypeError, ValueError):  # json's decode error is a ValueError
         return fallback
 

@@ -6,6 +6,7 @@ display and for confidence-based draft stopping.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1.0: no nucleus filter
+    min_p: float = 0.0  # 0: keep every token; else only those at least min_p times the likeliest's probability
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -24,6 +26,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -31,7 +35,8 @@ class SamplingParams:
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits [..., V] -> probs [..., V] float32, after temperature, top-k and top-p."""
+    """logits [..., V] -> probs [..., V] float32, after temperature, top-k, top-p and min-p (in
+    that order, as transformers' generate applies them)."""
     logits = logits.float()
     if params.greedy:
         return logits.softmax(-1)
@@ -42,6 +47,10 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
     if params.top_p < 1.0:
         logits = _nucleus(logits, params.top_p)
+    if params.min_p > 0.0:
+        # p < min_p * p_max, in logits: logit < max logit + log(min_p)
+        floor = logits.max(dim=-1, keepdim=True).values + math.log(params.min_p)
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     return logits.softmax(-1)
 
 

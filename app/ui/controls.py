@@ -87,10 +87,22 @@ class ControlsPanel(QTabWidget):
         self.temperature.setSingleStep(0.1)
         self.temperature.setValue(DEFAULTS.sampling.temperature)
         self.temperature.setToolTip("0 = greedy: the answer is exactly the target's, token for token")
+        self.top_k = QSpinBox()
+        self.top_k.setRange(0, 1000)
+        self.top_k.setValue(DEFAULTS.sampling.top_k)
+        self.top_k.setSpecialValueText("off")
+        self.top_k.setToolTip("Sample among the k most likely tokens only")
         self.top_p = QDoubleSpinBox()
         self.top_p.setRange(0.05, 1.0)
         self.top_p.setSingleStep(0.05)
         self.top_p.setValue(DEFAULTS.sampling.top_p)
+        self.top_p.setToolTip("Sample among the most likely tokens that together reach this probability (1 = off)")
+        self.min_p = QDoubleSpinBox()
+        self.min_p.setRange(0.0, 0.99)
+        self.min_p.setSingleStep(0.01)
+        self.min_p.setValue(DEFAULTS.sampling.min_p)
+        self.min_p.setSpecialValueText("off")
+        self.min_p.setToolTip("Drop tokens less likely than this fraction of the likeliest token's probability")
         self.max_new_tokens = QSpinBox()
         self.max_new_tokens.setRange(1, 8192)
         self.max_new_tokens.setValue(DEFAULTS.max_new_tokens)
@@ -98,7 +110,9 @@ class ControlsPanel(QTabWidget):
         self.seed.setRange(0, 2**31 - 1)
         self.seed.setValue(DEFAULTS.seed)
         form.addRow("Temperature", self.temperature)
+        form.addRow("Top-k", self.top_k)
         form.addRow("Top-p", self.top_p)
+        form.addRow("Min-p", self.min_p)
         form.addRow("Max new tokens", self.max_new_tokens)
         form.addRow("Seed", self.seed)
         for page, title in ((speculation, "Speculation"), (models, "Models"), (sampling, "Sampling")):
@@ -125,7 +139,8 @@ class ControlsPanel(QTabWidget):
             proposer=ProposerKind(self.proposer.currentData()),
             k=self.k.value(),
             adaptive=self.adaptive.isChecked(),
-            sampling=SamplingParams(temperature=self.temperature.value(), top_p=self.top_p.value()),
+            sampling=SamplingParams(temperature=self.temperature.value(), top_k=self.top_k.value(),
+                                    top_p=self.top_p.value(), min_p=self.min_p.value()),
             seed=self.seed.value(),
             max_new_tokens=self.max_new_tokens.value(),
             lookup=DEFAULTS.lookup if self.lookup.isChecked() else 0,

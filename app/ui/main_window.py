@@ -202,7 +202,9 @@ class MainWindow(QMainWindow):
         proposer = ProposerKind(s.value("proposer", ProposerKind(c.proposer.currentData()).value))
         c.proposer.setCurrentIndex(max(c.proposer.findData(proposer), 0))
         c.temperature.setValue(s.value("temperature", c.temperature.value(), float))
+        c.top_k.setValue(s.value("top_k", c.top_k.value(), int))
         c.top_p.setValue(s.value("top_p", c.top_p.value(), float))
+        c.min_p.setValue(s.value("min_p", c.min_p.value(), float))
         c.max_new_tokens.setValue(s.value("max_new_tokens", c.max_new_tokens.value(), int))
         c.seed.setValue(s.value("seed", c.seed.value(), int))
         self.colouring.setChecked(s.value("colouring", True, bool))
@@ -217,7 +219,8 @@ class MainWindow(QMainWindow):
                            ("speculative", options.speculative), ("k", options.k), ("adaptive", options.adaptive),
                            ("lookup", c.lookup.isChecked()),
                            ("proposer", options.proposer.value), ("temperature", options.sampling.temperature),
-                           ("top_p", options.sampling.top_p), ("max_new_tokens", options.max_new_tokens),
+                           ("top_k", options.sampling.top_k), ("top_p", options.sampling.top_p),
+                           ("min_p", options.sampling.min_p), ("max_new_tokens", options.max_new_tokens),
                            ("seed", options.seed), ("colouring", self.colouring.isChecked()),
                            ("ghosts", self.ghosts.isChecked()), ("theme", self.theme.name)]:
             s.setValue(key, value)
