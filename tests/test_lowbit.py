@@ -350,6 +350,33 @@ def test_a_long_prompt_read_in_chunks_equals_one_call(keep, monkeypatch):
     assert torch.equal(chunked, whole) and torch.equal(chunked_next, whole_next)
 
 
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_long_cache_grows_by_steps_and_keeps_what_it_held(path, monkeypatch):
+    """Past CACHE_STEP tokens the cache grows by CACHE_STEP, not by doubling; growing keeps every
+    cached key and value: what follows gets the logits a cache that never had to grow gives."""
+    from app.engine import lean_decoder
+    from app.engine.cached_model import cached
+
+    if path == "python":
+        monkeypatch.setattr(kernel, "native", lambda: None)
+    elif kernel.native() is None:
+        pytest.skip("the C++ kernel is not built on this machine")
+    monkeypatch.setattr(lean_decoder, "CACHE_STEP", 64)
+    model = quantize_model(tiny_model(seed=7, hidden=64).model, 4)
+    prompt, follow = torch.arange(3, 203) % 96, torch.tensor([5, 6, 7])
+    grown, roomy = cached(model), cached(model)
+    roomy._reserve(1000)
+    sizes = []
+    for first in range(0, 200, 50):  # 200 tokens in four requests: 256 at the first
+        for decoder in (grown, roomy):
+            decoder.feed(prompt[first : first + 50])
+        sizes.append(grown.values[0].shape[2])
+    grown.feed(torch.arange(70) % 96)  # 270 tokens: one step more, where doubling gave 512
+    grown.rollback(200)
+    assert sizes == [256] * 4 and grown.values[0].shape[2] == 320
+    assert torch.equal(grown.forward(follow, keep=3), roomy.forward(follow, keep=3))
+
+
 @pytest.mark.skipif(kernel.native() is None, reason="the C++ kernel is not built on this machine")
 def test_a_built_kernel_is_loaded_as_it_is_without_a_compiler(tmp_path):
     """The library built for these sources is reused from its folder as it is, also from another

@@ -19,6 +19,7 @@ from .lowbit.modules import LowBitLinear, fuse
 from .prefix_cache import PrefixStore, Snapshot
 
 PREFILL_CHUNK = 256  # rows per native stack call (64 to 256 read a 2,000-token prompt equally fast)
+CACHE_STEP = 1024  # tokens the cache grows by once it holds that many
 
 
 def supports(model: nn.Module) -> bool:
@@ -82,7 +83,9 @@ class LeanDecoder:
         capacity = self.values[0].shape[2] if self.values else 0
         if needed <= capacity:
             return
-        capacity = max(needed, 2 * capacity, 256)
+        # Doubling while small, then 1,024 tokens at a time: doubling had left up to half of a long
+        # conversation's cache unused (235 MB at 4,100 tokens on the default target).
+        capacity = max(needed, min(2 * capacity, capacity + CACHE_STEP), 256)
         layers = len(self.model.model.layers)
         if self.key_block:
             capacity = -(-capacity // self.key_block) * self.key_block
