@@ -130,6 +130,7 @@ def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
 
 FOLLOW_UP = "Check that answer step by step."
 FOLLOW_UPS = 3  # conversations whose follow-up question is timed
+RETURN_FOLLOW_UP = "Explain the first step in more detail."  # asked after a question in another chat
 
 
 def first_step_seconds(engine: SpeculativeEngine, prompt: list[int], options: GenerationOptions) -> tuple[float, int]:
@@ -143,16 +144,21 @@ def first_step_seconds(engine: SpeculativeEngine, prompt: list[int], options: Ge
 
 
 def follow_up_first_token(engine: SpeculativeEngine, options: GenerationOptions, question: str, prompt: list[int],
-                          answer: list[int], peer) -> dict:
+                          answer: list[int], other_chat: list[int], peer) -> dict:
     """Time to the first token of a follow-up question after an answer (the engine's caches
-    hold what that answer's run left): with the conversation kept, as a chat keeps it, and read
-    afresh; llama.cpp the same way, after reading the same conversation."""
+    hold what that answer's run left): with the conversation kept, as a chat keeps it; another
+    follow-up after a question in another chat (other_chat, a prompt), as when the user comes
+    back to the conversation; and read afresh. llama.cpp kept and afresh, after reading the
+    same conversation."""
     tokenizer = engine.target.tokenizer
     messages = [{"role": "user", "content": question},
                 {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}]
     follow_up = chat_prompt_ids(tokenizer, messages + [{"role": "user", "content": FOLLOW_UP}])
     record = {"prompt_tokens": len(follow_up)}
     record["ours_kept_seconds"], record["cached_tokens"] = first_step_seconds(engine, follow_up, options)
+    first_step_seconds(engine, other_chat, options)
+    back = chat_prompt_ids(tokenizer, messages + [{"role": "user", "content": RETURN_FOLLOW_UP}])
+    record["ours_returned_seconds"], record["returned_cached_tokens"] = first_step_seconds(engine, back, options)
     engine.forget()
     record["ours_afresh_seconds"], _ = first_step_seconds(engine, follow_up, options)
     if peer is not None:
@@ -256,7 +262,7 @@ def run_speed(args: argparse.Namespace) -> dict:
             if index < FOLLOW_UPS:  # the caches still hold our speculative run (the others keep their own)
                 record["follow_up"] = follow_up_first_token(
                     engine, generation_options(args, speculative=True), rows[index]["question"], prompt,
-                    outputs["speculative"], peer)
+                    outputs["speculative"], prompts[(index + 1) % len(prompts)], peer)
             per_prompt.append(record)
             bar.update(len(modes))
     long_runs = {name: modes[name] for name in ("speculative", "plain", "llama.cpp_plain") if name in modes}
@@ -354,6 +360,9 @@ def format_table(result: dict) -> str:
         lines.append(f"follow-up question ({follow['conversations']} conversations, {follow['prompt_tokens']:.0f} prompt "
                      f"tokens on average, {follow['cached_tokens']:.0f} of them cached): first token ours "
                      f"{follow['ours_kept_seconds']:.2f} s (afresh {follow['ours_afresh_seconds']:.2f} s){peer_line}")
+        if "ours_returned_seconds" in follow:
+            lines.append(f"  another follow-up after a question in another chat: first token ours "
+                         f"{follow['ours_returned_seconds']:.2f} s ({follow['returned_cached_tokens']:.0f} tokens restored)")
     if long := result.get("long_prompt"):
         lines.append(f"long prompt ({long['prompt_tokens']} tokens, articles to summarise), first token s / tokens/s "
                      "after it: " + "; ".join(f"{name} {long[name]['first_token_seconds']:.1f} / "
