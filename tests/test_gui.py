@@ -156,9 +156,11 @@ def test_sampling_filters_reach_the_engine_and_are_remembered(qtbot, make_window
     monkeypatch.setattr(SpeculativeEngine, "generate",
                         lambda self, ids, options, cancel=None: seen.append(options) or original(self, ids, options, cancel))
     window = make_window()
+    assert not window.controls.min_p.isEnabled()  # greedy by default: the filters do nothing
     chosen = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)
     for control, value in (("temperature", 0.8), ("top_k", 40), ("top_p", 0.9), ("min_p", 0.05)):
         getattr(window.controls, control).setValue(value)
+    assert window.controls.min_p.isEnabled()
     send_and_wait(qtbot, window)
     assert seen[-1].sampling == chosen
     window.controls.min_p.setValue(0.0)

@@ -124,6 +124,7 @@ class ControlsPanel(QTabWidget):
         self.draft_precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.add_model.clicked.connect(self.add_model_requested.emit)
         self.speculative.toggled.connect(self._update_enabled)
+        self.temperature.valueChanged.connect(lambda _: self._update_enabled())
         self.proposer.currentIndexChanged.connect(lambda _: self._update_enabled())
         self._update_enabled()
 
@@ -132,6 +133,8 @@ class ControlsPanel(QTabWidget):
         for widget in (self.k, self.adaptive, self.proposer):
             widget.setEnabled(on)
         self.lookup.setEnabled(on and self.proposer.currentData() == ProposerKind.DRAFT_MODEL)
+        for widget in (self.top_k, self.top_p, self.min_p):  # greedy decoding takes the likeliest token: no filter matters
+            widget.setEnabled(self.temperature.value() > 0)
 
     def generation_options(self) -> GenerationOptions:
         return GenerationOptions(
