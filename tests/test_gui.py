@@ -127,11 +127,17 @@ def test_speculation_off_gives_only_plain_tokens(qtbot, make_window):
     assert answer.stats.mode == "plain" and answer.stats.drafted == 0
 
 
-def test_k_and_adaptive_reach_the_engine(qtbot, make_window, monkeypatch):
-    seen = []
+@pytest.fixture
+def seen(monkeypatch):
+    """The options of every request the engine gets."""
+    requests = []
     original = SpeculativeEngine.generate
     monkeypatch.setattr(SpeculativeEngine, "generate",
-                        lambda self, ids, options, cancel=None: seen.append(options) or original(self, ids, options, cancel))
+                        lambda self, ids, options, cancel=None: requests.append(options) or original(self, ids, options, cancel))
+    return requests
+
+
+def test_k_and_adaptive_reach_the_engine(qtbot, make_window, seen):
     window = make_window()
     window.controls.adaptive.setChecked(False)
     window.controls.k.setValue(7)
@@ -150,11 +156,7 @@ def test_k_and_adaptive_reach_the_engine(qtbot, make_window, monkeypatch):
     assert seen[-1].adaptive and seen[-1].k == 1 and seen[-1].proposer is ProposerKind.PROMPT_LOOKUP
 
 
-def test_sampling_filters_reach_the_engine_and_are_remembered(qtbot, make_window, monkeypatch):
-    seen = []
-    original = SpeculativeEngine.generate
-    monkeypatch.setattr(SpeculativeEngine, "generate",
-                        lambda self, ids, options, cancel=None: seen.append(options) or original(self, ids, options, cancel))
+def test_sampling_filters_reach_the_engine_and_are_remembered(qtbot, make_window, seen):
     window = make_window()
     assert not window.controls.min_p.isEnabled()  # greedy by default: the filters do nothing
     chosen = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)
