@@ -410,6 +410,10 @@ def test_a_follow_up_finds_the_conversation_cached(qtbot, make_window):
     cached, prompt = follow_up.stats.cached_prompt_tokens, follow_up.stats.prompt_tokens
     assert first.stats.prompt_tokens < cached < prompt
     assert f"{cached:,} of {prompt:,} prompt tokens cached" in window.acceptance.fields["first"].text()
+    # the memory line counts the caches as they are after the answer
+    memory = window.acceptance.fields["memory"]
+    assert window.engine.cache_bytes() > 0 and memory.text().endswith(f", caches {window.engine.cache_bytes() / 2**20:,.0f} MiB")
+    assert "weights add 100% to the target's" in memory.toolTip()  # the tiny draft is the target's twin
 
 
 def test_window_shortcuts_work_while_typing(qtbot, make_window):

@@ -96,7 +96,12 @@ def test_forgetting_drops_the_kept_copies(engine):
     first_chat = list(range(1, MIN_TOKENS + 11))
     answered(engine, first_chat)
     answered(engine, PROMPT)
+    live = lambda: engine._target.cache_bytes + engine._draft.cache_bytes
+    kept = engine._target.prefixes.snapshots[0]
+    assert kept.nbytes == sum(t.nbytes for t in torch.utils._pytree.tree_leaves(kept.state)) > 0
+    assert engine.cache_bytes() == live() + kept.nbytes + engine._draft.prefixes.nbytes  # what the window shows
     engine.forget()
+    assert engine.cache_bytes() == live()
     assert answered(engine, first_chat + [5])[1] == 0
 
 

@@ -75,8 +75,14 @@ class CachedModel:
     def snapshot(self, max_tokens: int) -> Snapshot:
         """A copy of the cache's first max_tokens tokens."""
         n = min(self.length, max_tokens)
-        return Snapshot(self.ids[:n], [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone())
-                                       for layer in self.cache.layers])
+        state = [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone()) for layer in self.cache.layers]
+        return Snapshot(self.ids[:n], state, sum(k.nbytes + v.nbytes for k, v in state))
+
+    @property
+    def cache_bytes(self) -> int:
+        """The memory the live cache takes."""
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers
+                   if getattr(layer, "keys", None) is not None)
 
     @torch.inference_mode()
     def restore(self, snapshot: Snapshot) -> None:

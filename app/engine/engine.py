@@ -98,6 +98,11 @@ class SpeculativeEngine:
                 model.reset()
                 model.prefixes.clear()
 
+    def cache_bytes(self) -> int:
+        """The memory both models' caches and their kept copies take."""
+        models = [m for m in (self._target, self._draft) if m is not None]
+        return sum(m.cache_bytes + m.prefixes.nbytes for m in models)
+
     def calibrate(self) -> None:
         """Time target passes over 1..17 tokens, a draft token and the draft's catch-up on 64
         tokens once (about a second for the default pair), so the cost-aware policy chooses well

@@ -63,8 +63,14 @@ class LeanDecoder:
     def snapshot(self, max_tokens: int) -> Snapshot:
         """A copy of the cache's first max_tokens tokens."""
         n = min(self.length, max_tokens)
-        keys = [k[:, :, : -(-n // self.key_block)] if self.key_block else k[..., :n] for k in self.keys]
-        return Snapshot(self.ids[:n], ([k.clone() for k in keys], [v[:, :, :n].clone() for v in self.values]))
+        keys = [k[:, :, : -(-n // self.key_block)].clone() if self.key_block else k[..., :n].clone() for k in self.keys]
+        values = [v[:, :, :n].clone() for v in self.values]
+        return Snapshot(self.ids[:n], (keys, values), sum(t.nbytes for t in keys + values))
+
+    @property
+    def cache_bytes(self) -> int:
+        """The memory the live cache takes (all it holds room for)."""
+        return sum(t.nbytes for t in self.keys + self.values)
 
     @torch.inference_mode()
     def restore(self, snapshot: Snapshot) -> None:

@@ -22,6 +22,7 @@ MAX_TOKENS = 4096  # per model, all copies together: 235 MB for the default targ
 class Snapshot:
     ids: list[int]  # the tokens whose keys and values it holds, in order
     state: object  # the cached model's own copy of those keys and values
+    nbytes: int = 0  # the memory that copy takes
 
 
 class PrefixStore:
@@ -32,6 +33,10 @@ class PrefixStore:
     @property
     def tokens(self) -> int:
         return sum(len(s.ids) for s in self.snapshots)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.snapshots)
 
     def clear(self) -> None:
         self.snapshots.clear()

@@ -137,8 +137,9 @@ class AcceptanceView(QWidget):
         self.context.setValue(min(used, length))
         self.context.setFormat(f"{used:,} / {length:,} tokens ({used / length:.0%})" if length else f"{used:,} tokens")
 
-    def show_memory(self, text: str) -> None:
+    def show_memory(self, text: str, details: str = "") -> None:
         self.fields["memory"].setText(text)
+        self.fields["memory"].setToolTip(details)
 
     def show_comparison(self, comparison: Comparison | None) -> None:
         self.comparison.setText(comparison_html(comparison) if comparison else NO_COMPARISON)

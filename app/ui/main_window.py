@@ -292,9 +292,7 @@ class MainWindow(QMainWindow):
             return
         self.engine = result.engine
         target, draft = self.engine.target, self.engine.draft
-        self.acceptance.show_memory(
-            f"target {target.memory_bytes / 2**30:.2f} GiB ({target.precision}), draft "
-            f"{draft.memory_bytes / 2**30:.2f} GiB ({draft.precision}; +{draft.memory_bytes / target.memory_bytes:.0%})")
+        self._show_memory()
         self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}) with draft {draft.name} "
                                      f"({draft.precision})", 5000)
         self.set_busy(self.session.busy)
@@ -569,8 +567,21 @@ class MainWindow(QMainWindow):
         self.chat_view.finish(self.conversation.messages)
         self.refresh_chat_list()
         self._show_save_errors()
+        self._show_memory()
         self.set_busy(False)
         self.answer_finished.emit()
+
+    def _show_memory(self) -> None:
+        """The models' weights, and what their caches (conversations kept included) take now."""
+        if self.engine is None:
+            return
+        target, draft, caches = self.engine.target, self.engine.draft, self.engine.cache_bytes()
+        self.acceptance.show_memory(
+            f"target {target.memory_bytes / 2**30:.2f} GiB ({target.precision}), draft {draft.memory_bytes / 2**30:.2f} "
+            f"GiB ({draft.precision})" + (f", caches {caches / 2**20:,.0f} MiB" if caches else ""),
+            f"The draft's weights add {draft.memory_bytes / target.memory_bytes:.0%} to the target's. The caches hold "
+            "the keys and values of this conversation, and of earlier ones kept so that going back to them reads "
+            "only what is new.")
 
     def show_error(self, title: str, message: str) -> None:
         self.statusBar().showMessage(f"{title}: {message}", 10000)
