@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QStandardItemModel
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QPushButton, QSpinBox,
-                               QTabWidget, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QLabel, QPushButton,
+                               QSpinBox, QTabWidget, QWidget)
 
 from ..engine.engine import GenerationOptions, ProposerKind
 from ..engine.models import Precision
@@ -81,7 +81,6 @@ class ControlsPanel(QTabWidget):
         form.addRow(self.lookup)
 
         sampling = QWidget()
-        form = QFormLayout(sampling)
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.1)
@@ -109,12 +108,16 @@ class ControlsPanel(QTabWidget):
         self.seed = QSpinBox()
         self.seed.setRange(0, 2**31 - 1)
         self.seed.setValue(DEFAULTS.seed)
-        form.addRow("Temperature", self.temperature)
-        form.addRow("Top-k", self.top_k)
-        form.addRow("Top-p", self.top_p)
-        form.addRow("Min-p", self.min_p)
-        form.addRow("Max new tokens", self.max_new_tokens)
-        form.addRow("Seed", self.seed)
+        # Two pairs a row: the tab widget is as tall as its tallest page, and six rows in one
+        # column took the acceptance view's chart its axis labels at 1280x800.
+        grid = QGridLayout(sampling)
+        pairs = [("Temperature", self.temperature), ("Top-k", self.top_k), ("Top-p", self.top_p),
+                 ("Min-p", self.min_p), ("Max new tokens", self.max_new_tokens), ("Seed", self.seed)]
+        for index, (label, field) in enumerate(pairs):
+            row, column = divmod(index, 2)
+            grid.addWidget(QLabel(label), row, 2 * column)
+            grid.addWidget(field, row, 2 * column + 1)
+        grid.setRowStretch(len(pairs) // 2, 1)
         for page, title in ((speculation, "Speculation"), (models, "Models"), (sampling, "Sampling")):
             self.addTab(page, title)
 
