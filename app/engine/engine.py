@@ -93,15 +93,16 @@ class SpeculativeEngine:
         """Empty both models' caches and their kept copies: the next request reads its whole
         prompt, as a first one does (benchmarks time every run so). Otherwise each request keeps
         what earlier ones left that its prompt begins with (see prefix_cache.py)."""
-        for model in (self._target, self._draft):
-            if model is not None:
-                model.reset()
-                model.prefixes.clear()
+        for model in self._cached_models():
+            model.reset()
+            model.prefixes.clear()
 
     def cache_bytes(self) -> int:
         """The memory both models' caches and their kept copies take."""
-        models = [m for m in (self._target, self._draft) if m is not None]
-        return sum(m.cache_bytes + m.prefixes.nbytes for m in models)
+        return sum(model.cache_bytes + model.prefixes.nbytes for model in self._cached_models())
+
+    def _cached_models(self) -> list:
+        return [model for model in (self._target, self._draft) if model is not None]
 
     def calibrate(self) -> None:
         """Time target passes over 1..17 tokens, a draft token and the draft's catch-up on 64
