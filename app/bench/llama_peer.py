@@ -130,6 +130,37 @@ class LlamaPeer:
         return time.perf_counter() - start
 
 
+    def returned_first_token_seconds(self, conversation: list[int], other_chat: list[int], prompt: list[int]) -> float:
+        """Seconds to the first token of `prompt` (a follow-up in a conversation) when the
+        context last read another chat's prompt, with the conversation's state restored from a
+        copy in memory, as llama.cpp's server keeps its prompt caches: llama.cpp's own state
+        save and load (keys, values, last logits), not llama-cpp-python's save_state, which also
+        copies a 311 MB score buffer a server does not keep."""
+        import ctypes
+
+        import llama_cpp
+
+        llm = self.target
+        _truncate(llm, 0)
+        llm.eval(conversation)
+        size = llama_cpp.llama_state_get_size(llm._ctx.ctx)
+        saved = (ctypes.c_uint8 * size)()
+        saved_size = llama_cpp.llama_state_get_data(llm._ctx.ctx, saved, size)
+        saved_ids, saved_tokens = llm.input_ids[: llm.n_tokens].copy(), llm.n_tokens
+        _truncate(llm, 0)
+        llm.eval(other_chat)
+        start = time.perf_counter()
+        if llama_cpp.llama_state_set_data(llm._ctx.ctx, saved, saved_size) != saved_size:
+            raise RuntimeError("llama.cpp could not load its saved state")
+        llm.n_tokens = saved_tokens
+        llm.input_ids[:saved_tokens] = saved_ids
+        kept = common_prefix(saved_ids.tolist(), prompt[:-1])
+        _truncate(llm, kept)
+        llm.eval(prompt[kept:])
+        int(np.argmax(_last_logits(llm)))
+        return time.perf_counter() - start
+
+
 def _last_logits(llm) -> np.ndarray:
     """The logits after the last evaluated token (a model built without logits_all keeps no scores)."""
     return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))

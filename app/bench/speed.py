@@ -148,8 +148,8 @@ def follow_up_first_token(engine: SpeculativeEngine, options: GenerationOptions,
     """Time to the first token of a follow-up question after an answer (the engine's caches
     hold what that answer's run left): with the conversation kept, as a chat keeps it; another
     follow-up after a question in another chat (other_chat, a prompt), as when the user comes
-    back to the conversation; and read afresh. llama.cpp kept and afresh, after reading the
-    same conversation."""
+    back to the conversation; and read afresh. llama.cpp the same three ways, after reading the
+    same conversation (coming back: restoring a saved copy of its state)."""
     tokenizer = engine.target.tokenizer
     messages = [{"role": "user", "content": question},
                 {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}]
@@ -165,6 +165,7 @@ def follow_up_first_token(engine: SpeculativeEngine, options: GenerationOptions,
         conversation = prompt + answer[:-1]  # what a finished answer leaves in the context
         record["llama.cpp_kept_seconds"] = peer.first_token_seconds(conversation, follow_up, keep=True)
         record["llama.cpp_afresh_seconds"] = peer.first_token_seconds(conversation, follow_up, keep=False)
+        record["llama.cpp_returned_seconds"] = peer.returned_first_token_seconds(conversation, other_chat, back)
     return {key: round(value, 3) if isinstance(value, float) else value for key, value in record.items()}
 
 
@@ -361,8 +362,11 @@ def format_table(result: dict) -> str:
                      f"tokens on average, {follow['cached_tokens']:.0f} of them cached): first token ours "
                      f"{follow['ours_kept_seconds']:.2f} s (afresh {follow['ours_afresh_seconds']:.2f} s){peer_line}")
         if "ours_returned_seconds" in follow:
+            peer_back = (f"; llama.cpp {follow['llama.cpp_returned_seconds']:.2f} s restoring its saved state"
+                         if "llama.cpp_returned_seconds" in follow else "")
             lines.append(f"  another follow-up after a question in another chat: first token ours "
-                         f"{follow['ours_returned_seconds']:.2f} s ({follow['returned_cached_tokens']:.0f} tokens restored)")
+                         f"{follow['ours_returned_seconds']:.2f} s ({follow['returned_cached_tokens']:.0f} tokens restored)"
+                         f"{peer_back}")
     if long := result.get("long_prompt"):
         lines.append(f"long prompt ({long['prompt_tokens']} tokens, articles to summarise), first token s / tokens/s "
                      "after it: " + "; ".join(f"{name} {long[name]['first_token_seconds']:.1f} / "
