@@ -123,12 +123,10 @@ class LlamaPeer:
         _truncate(llm, 0)
         llm.eval(conversation)
         start = time.perf_counter()
-        kept = common_prefix(llm.input_ids[: llm.n_tokens].tolist(), prompt[:-1]) if keep else 0
-        _truncate(llm, kept)
-        llm.eval(prompt[kept:])
-        int(np.argmax(_last_logits(llm)))
+        if not keep:
+            _truncate(llm, 0)
+        _first_token(llm, prompt)
         return time.perf_counter() - start
-
 
     def returned_first_token_seconds(self, conversation: list[int], other_chat: list[int], prompt: list[int]) -> float:
         """Seconds to the first token of `prompt` (a follow-up in a conversation) when the
@@ -154,11 +152,17 @@ class LlamaPeer:
             raise RuntimeError("llama.cpp could not load its saved state")
         llm.n_tokens = saved_tokens
         llm.input_ids[:saved_tokens] = saved_ids
-        kept = common_prefix(saved_ids.tolist(), prompt[:-1])
-        _truncate(llm, kept)
-        llm.eval(prompt[kept:])
-        int(np.argmax(_last_logits(llm)))
+        _first_token(llm, prompt)
         return time.perf_counter() - start
+
+
+def _first_token(llm, prompt: list[int]) -> int:
+    """The first token after `prompt`, keeping what the context holds of its beginning and
+    reading the rest (the last prompt token is always read: its logits give the token)."""
+    kept = common_prefix(llm.input_ids[: llm.n_tokens].tolist(), prompt[:-1])
+    _truncate(llm, kept)
+    llm.eval(prompt[kept:])
+    return int(np.argmax(_last_logits(llm)))
 
 
 def _last_logits(llm) -> np.ndarray:

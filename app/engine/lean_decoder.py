@@ -36,7 +36,7 @@ class LeanDecoder:
         self.vocab_width = vocab_width
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.head_dim = skeleton.head_dim(config)
         self.qkv, self.gate_up = fused_projections(model)
         self.stack = native_stack(model)  # None: the Python loop runs the layers
         # Keys are stored transposed, in blocks for the native stack: its attention reads 16 keys'
@@ -240,10 +240,9 @@ def native_stack(model: nn.Module):
                 layer.input_layernorm.weight.float(), layer.post_attention_layernorm.weight.float(),
                 [to_native(m) for m in parts["qkv"]], to_native(parts["output"]),
                 [to_native(m) for m in parts["gate_up"]], to_native(parts["down"])))
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        _STACKS[model] = module.LayerStack(layers, heads, config.num_key_value_heads, head_dim,
-                                           model.model.layers[0].self_attn.scaling, config.rms_norm_eps)
+        _STACKS[model] = module.LayerStack(layers, config.num_attention_heads, config.num_key_value_heads,
+                                           skeleton.head_dim(config), model.model.layers[0].self_attn.scaling,
+                                           config.rms_norm_eps)
     return _STACKS[model]
 
 

@@ -29,6 +29,11 @@ def can_build(config) -> bool:
     return runs_lean(config) and _rope(config)["rope_type"] in STATIC_ROPE
 
 
+def head_dim(config) -> int:
+    """Components per attention head (configs that do not say split the hidden size evenly)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def _rope(config) -> dict:
     parameters = getattr(config, "rope_parameters", None) or {}
     return {"rope_type": "default", **parameters}
@@ -50,8 +55,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         rope = _rope(config)
         if rope["rope_type"] == "default":
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            inverse = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            size = head_dim(config)
+            inverse = 1.0 / (rope["rope_theta"] ** (torch.arange(0, size, 2, dtype=torch.float) / size))
             self.attention_scaling = 1.0
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -69,14 +74,13 @@ class RotaryEmbedding(nn.Module):
 class Attention(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
-        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        heads, kv_heads, size = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
         bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
-        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=getattr(config, "attention_bias", False))
-        self.scaling = head_dim**-0.5
+        self.q_proj = nn.Linear(config.hidden_size, heads * size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_heads * size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_heads * size, bias=bias)
+        self.o_proj = nn.Linear(heads * size, config.hidden_size, bias=getattr(config, "attention_bias", False))
+        self.scaling = size**-0.5
 
 
 class MLP(nn.Module):
