@@ -441,3 +441,25 @@ def test_the_status_bar_tells_how_far_a_long_prompt_is_read(qtbot, make_window, 
     prompt = answer.stats.prompt_tokens
     assert f"Reading the prompt: 4 of {prompt:,} tokens..." in shown
     assert not window.statusBar().currentMessage().startswith("Reading")  # cleared once the answer came
+
+
+def test_continue_goes_on_with_an_answer_cut_by_its_budget(qtbot, make_window):
+    window = make_window(max_new_tokens=8)
+    start = send_and_wait(qtbot, window).stats
+    assert start.finish is FinishReason.LENGTH and window.continue_button.isEnabled()
+    assert "regenerate  continue" in window.chat_view.toPlainText()  # links in the answer's header
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.continue_button.click()
+    answer = window.conversation.messages[-1]
+    assert [m.role for m in window.conversation.messages] == ["user", "assistant"]
+    assert answer.stats.tokens == 16 and answer.stats.token_ids[:8] == start.token_ids
+    assert window.chat_view.toPlainText().count("Assistant") == 1
+    # the shortcut works while a message is being written, which stays in the box
+    window.composer.setFocus()
+    window.composer.setPlainText("a message being written")
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        qtbot.keyClick(window.composer, Qt.Key_Return, Qt.ControlModifier | Qt.ShiftModifier)
+    assert window.conversation.messages[-1].stats.tokens == 24
+    assert window.composer.toPlainText() == "a message being written"
+    saved = ChatStore(window.store.path).load_chat(window.conversation.id).messages
+    assert len(saved) == 2 and saved[-1].stats.token_ids == window.conversation.messages[-1].stats.token_ids

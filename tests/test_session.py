@@ -3,6 +3,7 @@ builder's provenance for tokens without text of their own; the model cache's sta
 import itertools
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -206,3 +207,83 @@ def test_the_sampling_filters_are_saved_with_an_answer_and_older_answers_still_r
     older = json.loads(settings_of(made))
     del older["min_p"]  # saved before min-p existed
     assert options_of(json.dumps(older), GenerationOptions()).sampling == SamplingParams(0.8, 40, 0.9, 0.0)
+
+
+def test_continue_grows_an_answer_into_the_one_a_larger_budget_gives(tmp_path, engine):
+    """Greedy: an answer cut by its budget, then continued, is token for token the answer one
+    request with both budgets gives; it stays one message, saved, whose first token and prompt
+    are its start's; the continuation reads only what the cache lacks."""
+    for speculative in (True, False):
+        whole = ChatSession(ChatStore(tmp_path / f"whole{speculative}.sqlite3"))
+        expected = run(whole, engine, whole.ask("t3 t4", engine, options(k=3, speculative=speculative, max_new_tokens=30)))
+        session = ChatSession(ChatStore(tmp_path / f"parts{speculative}.sqlite3"))
+        start = run(session, engine, session.ask("t3 t4", engine, options(k=3, speculative=speculative, max_new_tokens=12)))
+        first = start.stats
+        assert first.finish is FinishReason.LENGTH and session.can_continue()
+        request = session.continue_answer(engine, options(k=2, speculative=speculative, max_new_tokens=18))
+        assert request.kind is RequestKind.CONTINUE and request.prompt_ids[-12:] == list(first.token_ids)
+        steps = list(engine.generate(request.prompt_ids, request.options, threading.Event()))
+        assert steps[-1].stats.cached_prompt_tokens >= len(request.prompt_ids) - 2
+        for step in steps:
+            session.add_step(step)
+        grown = session.finish()
+        assert grown is start and [m.role for m in session.conversation.messages] == ["user", "assistant"]
+        assert grown.stats.token_ids == expected.stats.token_ids and grown.content == expected.content
+        stats = grown.stats
+        assert stats.tokens == 30 and stats.finish is FinishReason.LENGTH and len(grown.tokens) == len(expected.tokens)
+        assert (stats.first_token_seconds, stats.prompt_tokens, stats.cached_prompt_tokens) == \
+            (first.first_token_seconds, first.prompt_tokens, first.cached_prompt_tokens)
+        assert stats.seconds > first.seconds and stats.target_passes > first.target_passes
+        assert stats.drafted >= first.drafted and len(stats.acceptance_trace) >= len(first.acceptance_trace)
+        assert json.loads(stats.made_with)["max_new_tokens"] == 30  # Compare reruns it whole
+        saved = session.store.load_chat(session.conversation.id).messages
+        assert len(saved) == 2 and saved[-1].stats == stats and saved[-1].content == grown.content
+
+
+def test_a_stopped_answer_continues_and_only_a_stopped_one(tmp_path, engine):
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    whole = run(session, engine, session.ask("t1 t2", engine, options(k=2, max_new_tokens=40))).stats
+    assert whole.finish is FinishReason.LENGTH
+    cancel = threading.Event()
+    request = session.regenerate(engine, options(k=2, max_new_tokens=40))
+    for count, step in enumerate(engine.generate(request.prompt_ids, request.options, cancel), 1):
+        session.add_step(step)
+        if count == 3:
+            cancel.set()  # Stop: the loop ends after this step
+    stopped = session.finish()
+    assert stopped.stats.finish is FinishReason.CANCELLED and len(stopped.versions) == 2
+    assert session.can_continue()
+    run(session, engine, session.continue_answer(engine, options(k=2, max_new_tokens=40 - stopped.stats.tokens)))
+    last = session.conversation.messages[-1]
+    assert last.stats.token_ids == whole.token_ids and last.shown == 1
+    assert last.versions[1].stats == last.stats and last.versions[0].stats == whole  # the other version untouched
+    last.stats = replace(whole, finish=FinishReason.STOP)
+    assert not session.can_continue() and session.continue_answer(engine, options()) is None
+
+
+def test_a_continuation_is_saved_as_it_grows(tmp_path, engine):
+    ticks = itertools.count(step=0.6)
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"), clock=lambda: next(ticks))
+    start = run(session, engine, session.ask("t1", engine, options(k=2, max_new_tokens=8)))
+    run(session, engine, session.continue_answer(engine, options(k=2, max_new_tokens=40)), stop_after=6)  # killed
+    reopened = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    reopened.open_chat(session.conversation.id)
+    messages = reopened.conversation.messages
+    assert [m.role for m in messages] == ["user", "assistant"] and messages[-1].id == start.id
+    assert messages[-1].stats.finish is FinishReason.INTERRUPTED and messages[-1].stats.tokens > 8
+    assert messages[-1].stats.token_ids[:8] == start.stats.token_ids[:8] and reopened.can_continue()
+
+
+def test_a_continuation_finishes_a_character_split_at_the_stop():
+    tokenizer = byte_level_tokenizer()
+    a, (e_first, e_second) = tokenizer.encode("a"), tokenizer.encode("é")
+    builder = AnswerBuilder(tokenizer, "plain")
+    builder.add(Step([EmittedToken(a[0], Source.PLAIN, 0.9), EmittedToken(e_first, Source.PLAIN, 0.6)], [], Stats(),
+                     FinishReason.CANCELLED))
+    stopped = builder.message()
+    assert stopped.content == "a" and stopped.stats.token_ids == (a[0], e_first)
+    more = AnswerBuilder(tokenizer, "plain", continues=stopped)
+    more.add(Step([EmittedToken(e_second, Source.PLAIN, 0.9)], [], Stats(emitted=1), FinishReason.LENGTH))
+    grown = more.message()
+    assert grown.content == "aé" and [t.text for t in grown.tokens] == ["a", "é"]
+    assert grown.stats.token_ids == (a[0], e_first, e_second) and grown.stats.finish is FinishReason.LENGTH

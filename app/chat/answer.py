@@ -13,14 +13,32 @@ from .detokenize import IncrementalDecoder
 
 class AnswerBuilder:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, mode: str, prompt_tokens: int = 0,
-                 context_length: int = 0, made_with: str = "") -> None:
+                 context_length: int = 0, made_with: str = "", continues: Message | None = None) -> None:
+        """continues: an answer this request goes on with (Continue): its tokens, text and stats
+        stay at the start of the new one, whose totals include them."""
         self.tokenizer = tokenizer
         self.decoder = IncrementalDecoder(tokenizer)
         self.tokens: list[TokenRecord] = []
+        # What the answer had before this request: nothing, or the stats of the one continued.
+        self.base = AnswerStats()
         self.stats = AnswerStats(mode=mode, prompt_tokens=prompt_tokens, context_length=context_length,
                                  made_with=made_with)
+        if continues is not None:
+            for token_id in continues.stats.token_ids:
+                self.decoder.push(token_id)
+            self.tokens = list(continues.tokens)
+            self.base = continues.stats
+            mode = mode if mode == self.base.mode else f"{self.base.mode}, then {mode}"
+            self.stats = replace(self.base, mode=mode, context_length=context_length, made_with=made_with,
+                                 finish=None, comparison=None)
+        self._base_records = len(self.tokens)
         self.started = time.perf_counter()
         self._pending: list[TokenRecord] = []  # tokens with no text yet, waiting for the next piece
+
+    @property
+    def has_new_tokens(self) -> bool:
+        """This request added text (a token without text of its own waits for the next)."""
+        return len(self.tokens) > self._base_records
 
     def add(self, step: Step) -> list[TokenRecord]:
         """Adds one step; returns the records it created. A token with no visible text of its own
@@ -46,16 +64,20 @@ class AnswerBuilder:
 
     def _record(self, stats: Stats, finish: FinishReason | None) -> None:
         seconds = time.perf_counter() - self.started
-        old = self.stats
+        base, old = self.base, self.stats
+        drafted, accepted = base.drafted + stats.drafted, base.accepted + stats.accepted
         self.stats = replace(
-            old, tokens=stats.emitted, seconds=round(seconds, 3),
+            old, tokens=base.tokens + stats.emitted, seconds=round(base.seconds + seconds, 3),
             first_token_seconds=old.first_token_seconds if old.first_token_seconds is not None or not stats.emitted
             else round(seconds, 3),
-            drafted=stats.drafted, accepted=stats.accepted, looked_up=stats.looked_up, target_passes=stats.target_passes,
-            cached_prompt_tokens=stats.cached_prompt_tokens,
-            draft_seconds=round(stats.draft_seconds, 3), target_seconds=round(stats.target_seconds, 3),
-            accepted_lengths=stats.accepted_lengths,
-            acceptance_trace=old.acceptance_trace + ((round(stats.acceptance_rate, 4),) if stats.drafted else ()),
+            drafted=drafted, accepted=accepted, looked_up=base.looked_up + stats.looked_up,
+            target_passes=base.target_passes + stats.target_passes,
+            # a continued answer's prompt is the one it started from
+            cached_prompt_tokens=old.cached_prompt_tokens if base.tokens else stats.cached_prompt_tokens,
+            draft_seconds=round(base.draft_seconds + stats.draft_seconds, 3),
+            target_seconds=round(base.target_seconds + stats.target_seconds, 3),
+            accepted_lengths=base.accepted_lengths + stats.accepted_lengths,
+            acceptance_trace=old.acceptance_trace + ((round(accepted / drafted, 4),) if stats.drafted else ()),
             finish=finish or old.finish)
 
     def _text(self, ids: list[int]) -> str:

@@ -147,6 +147,13 @@ class Message:
     versions: list[Version] = field(default_factory=list)
     shown: int = 0
 
+    @property
+    def stopped_early(self) -> bool:
+        """An answer that stopped before its end (a length limit, Stop, a closed app): Continue
+        can go on with it."""
+        return (self.role == "assistant" and self.stats is not None and bool(self.stats.token_ids)
+                and self.stats.finish in (FinishReason.LENGTH, FinishReason.CANCELLED, FinishReason.INTERRUPTED))
+
     def to_prompt(self) -> dict[str, str]:
         return {"role": self.role, "content": self.content}
 
@@ -159,6 +166,12 @@ class Message:
             self.versions = [Version(self.content, self.tokens, self.stats)]
         self.versions.append(Version(answer.content, answer.tokens, answer.stats))
         self.show(len(self.versions) - 1)
+
+    def replace_shown(self, answer: Message) -> None:
+        """The shown answer grown by Continue (in its version too)."""
+        self.content, self.tokens, self.stats = answer.content, answer.tokens, answer.stats
+        if self.versions:
+            self.versions[self.shown] = Version(answer.content, answer.tokens, answer.stats)
 
     def set_stats(self, stats: AnswerStats) -> None:
         """New stats for the shown answer (a comparison added), in its version too."""

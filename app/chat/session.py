@@ -23,6 +23,7 @@ class RequestKind(str, Enum):
     ANSWER = "answer"  # a new answer to the last user message
     REGENERATE = "regenerate"  # another version of the last answer; the earlier ones are kept
     COMPARE = "compare"  # the last answer's prompt again with speculation off; not added to the chat
+    CONTINUE = "continue"  # the last answer goes on from where it stopped; it grows in place
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ class ChatSession:
     def can_regenerate(self) -> bool:
         return bool(self.conversation.messages) and self.conversation.messages[-1].role == "assistant"
 
+    def can_continue(self) -> bool:
+        return bool(self.conversation.messages) and self.conversation.messages[-1].stopped_early
+
     def set_system_prompt(self, text: str) -> None:
         self.conversation.system_prompt = text
         if self.conversation.id is not None:
@@ -136,6 +140,17 @@ class ChatSession:
         prompt = self.conversation.prompt_messages(upto=len(self.conversation.messages) - 1)
         return self._begin(RequestKind.REGENERATE, prompt, engine, options)
 
+    def continue_answer(self, engine: SpeculativeEngine, options: GenerationOptions) -> Request | None:
+        """Goes on with the last answer where it stopped, with the current options and another
+        max_new_tokens. Its own token ids follow the prompt, so the model sees what it saw when
+        it stopped: under greedy decoding the answer grows into the very one a larger budget
+        would have given at once."""
+        self._require_idle()
+        if not self.can_continue():
+            return None
+        prompt = self.conversation.prompt_messages(upto=len(self.conversation.messages) - 1)
+        return self._begin(RequestKind.CONTINUE, prompt, engine, options, continues=self.conversation.messages[-1])
+
     def edit(self, index: int, text: str, engine: SpeculativeEngine, options: GenerationOptions) -> Request:
         """Replaces the user message at `index` and answers it; the chat continues from there
         (the messages after it are removed)."""
@@ -161,12 +176,18 @@ class ChatSession:
         return self._begin(RequestKind.COMPARE, prompt, engine, replace(made_with, speculative=False))
 
     def _begin(self, kind: RequestKind, prompt: list[dict], engine: SpeculativeEngine,
-               options: GenerationOptions) -> Request:
+               options: GenerationOptions, continues: Message | None = None) -> Request:
         tokenizer = engine.target.tokenizer
         prompt_ids = chat_prompt_ids(tokenizer, prompt)
-        self.request = Request(kind, prompt_ids, options)
+        # Compare reruns a continued answer's prompt in one go: with the budget of both parts.
+        made_with = options
+        if continues is not None:
+            made_with = replace(options, max_new_tokens=len(continues.stats.token_ids) + options.max_new_tokens)
         self.builder = AnswerBuilder(tokenizer, describe(options), len(prompt_ids), engine.target.context_length,
-                                     settings_of(options))
+                                     settings_of(made_with), continues)
+        if continues is not None:
+            prompt_ids += continues.stats.token_ids
+        self.request = Request(kind, prompt_ids, options)
         self._saved_at, self._streaming_id = self.clock(), None
         return self.request
 
@@ -181,7 +202,7 @@ class ChatSession:
         messages, streaming = self.conversation.messages, self.streaming_message()
         if streaming is None:
             return list(messages)
-        if self.request.kind is RequestKind.REGENERATE:
+        if self.request.kind in (RequestKind.REGENERATE, RequestKind.CONTINUE):
             return messages[:-1] + [streaming]
         return messages + [streaming]
 
@@ -189,15 +210,19 @@ class ChatSession:
         if self.builder is None:
             return
         self.builder.add(step)
-        if self.request.kind is RequestKind.ANSWER and self.clock() - self._saved_at >= SAVE_EVERY_SECONDS:
-            self._save_streaming(self.builder, FinishReason.INTERRUPTED)  # what a reopen shows if we die now
+        if self.clock() - self._saved_at >= SAVE_EVERY_SECONDS:  # what a reopen shows if we die now
+            if self.request.kind is RequestKind.ANSWER:
+                self._save_streaming(self.builder, FinishReason.INTERRUPTED)
+            elif self.request.kind is RequestKind.CONTINUE:
+                self._grow_last(self.builder.message(FinishReason.INTERRUPTED))
+            self._saved_at = self.clock()
 
     def finish(self) -> Message | None:
         """Ends the request: a new answer joins the chat, a comparison is stored with the answer
         it compared. Returns the message that changed (None when nothing was generated)."""
         builder, request = self.builder, self.request
         self.builder = self.request = None
-        if builder is None or not builder.tokens:
+        if builder is None or not builder.has_new_tokens:
             self._forget_streaming_row()
             return None
         if request.kind is RequestKind.COMPARE:
@@ -209,22 +234,32 @@ class ChatSession:
             return answer
         if request.kind is RequestKind.REGENERATE:
             return self._add_version(builder.message())
+        if request.kind is RequestKind.CONTINUE:
+            return self._grow_last(builder.message())
         message = self._save_streaming(builder, None)
         self.conversation.messages.append(message)
         return message
 
     def interrupt(self) -> None:
         """The window is closing mid-answer: keep what was generated, marked as interrupted."""
-        if self.builder is not None and self.builder.tokens:
+        if self.builder is not None and self.builder.has_new_tokens:
             if self.request.kind is RequestKind.ANSWER:
                 self.conversation.messages.append(self._save_streaming(self.builder, FinishReason.INTERRUPTED))
             elif self.request.kind is RequestKind.REGENERATE:
                 self._add_version(self.builder.message(FinishReason.INTERRUPTED))
+            elif self.request.kind is RequestKind.CONTINUE:
+                self._grow_last(self.builder.message(FinishReason.INTERRUPTED))
         self.builder = self.request = None
 
     def _add_version(self, answer: Message) -> Message:
         message = self.conversation.messages[-1]
         message.add_version(answer)
+        self._save(lambda: self.store.update_message(message))
+        return message
+
+    def _grow_last(self, answer: Message) -> Message:
+        message = self.conversation.messages[-1]
+        message.replace_shown(answer)
         self._save(lambda: self.store.update_message(message))
         return message
 
@@ -236,7 +271,6 @@ class ChatSession:
             self._save(lambda: self.store.update_message(message))
         elif message.tokens and self._save(lambda: self.store.add_message(self.conversation, message)):
             self._streaming_id = message.id
-        self._saved_at = self.clock()
         return message
 
     def _forget_streaming_row(self) -> None:

@@ -112,10 +112,14 @@ class MainWindow(QMainWindow):
         self.regenerate_button = QPushButton("Regenerate")
         self.regenerate_button.setToolTip("Another answer to the last question with the current settings (Ctrl+R);\n"
                                           "the earlier answers stay as versions to flip between")
+        self.continue_button = QPushButton("Continue")
+        self.continue_button.setToolTip("Go on with the last answer where it stopped (a length limit, Stop, a closed app),\n"
+                                        "with the current settings and another max new tokens (Ctrl+Shift+Enter)")
         self.stop_button = QPushButton("Stop")
         self.send_button = QPushButton("Send", objectName="primary")
         actions.addStretch(1)
-        for button in (self.regenerate_button, self.compare_button, self.stop_button, self.send_button):
+        for button in (self.continue_button, self.regenerate_button, self.compare_button, self.stop_button,
+                       self.send_button):
             actions.addWidget(button)
         middle.addLayout(actions)
 
@@ -149,6 +153,7 @@ class MainWindow(QMainWindow):
         chat_menu = self.menuBar().addMenu("&Chat")
         chat_menu.addAction("Stop", QKeySequence("Esc"), self.stop)
         chat_menu.addAction("Regenerate the last answer", QKeySequence("Ctrl+R"), self.regenerate)
+        chat_menu.addAction("Continue the last answer", QKeySequence("Ctrl+Shift+Return"), self.continue_answer)
         chat_menu.addAction("Answer the unanswered question", QKeySequence("Ctrl+Shift+R"), self.answer_pending)
         chat_menu.addAction("Edit your last message", QKeySequence("Ctrl+Shift+E"), self.edit_last)
         chat_menu.addAction("Previous version of the last answer", QKeySequence("Alt+Left"), lambda: self.flip_version(-1))
@@ -168,6 +173,7 @@ class MainWindow(QMainWindow):
         self.stop_button.clicked.connect(self.stop)
         self.compare_button.clicked.connect(self.compare)
         self.regenerate_button.clicked.connect(self.regenerate)
+        self.continue_button.clicked.connect(self.continue_answer)
         self.colouring.toggled.connect(self.apply_view_options)
         self.ghosts.toggled.connect(self.apply_view_options)
         self.dark_action.toggled.connect(self.apply_view_options)
@@ -401,6 +407,7 @@ class MainWindow(QMainWindow):
         self.send_button.setEnabled(ready and not busy)
         self.compare_button.setEnabled(ready and not busy and self.session.last_answer() is not None)
         self.regenerate_button.setEnabled(ready and not busy and self.session.can_regenerate())
+        self.continue_button.setEnabled(ready and not busy and self.session.can_continue())
         self.stop_button.setEnabled(busy)
         # Chats and models can be changed only between answers.
         for widget in (self.controls.add_model, self.chat_list, self.new_button, self.delete_button, self.controls.target,
@@ -439,6 +446,11 @@ class MainWindow(QMainWindow):
         if self._can_start() and self.session.can_regenerate():
             self._start(self.session.regenerate(self.engine, self.controls.generation_options()))
 
+    def continue_answer(self) -> None:
+        """The last answer goes on from where it stopped, growing in place."""
+        if self._can_start() and self.session.can_continue():
+            self._start(self.session.continue_answer(self.engine, self.controls.generation_options()))
+
     def edit_message(self, index: int) -> None:
         if self.session.busy or self.conversation.messages[index].role != "user":
             return
@@ -467,6 +479,7 @@ class MainWindow(QMainWindow):
         self.session.show_version(index, version)
         self.chat_view.show_messages(self.conversation.messages)
         self.acceptance.show_stats(self.conversation.messages[index].stats)
+        self.set_busy(self.session.busy)  # the version shown may or may not be one to continue
         self._show_save_errors()
 
     def copy_last_answer(self) -> None:
@@ -484,7 +497,7 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Copied the {what} ({len(text):,} characters)", 3000)
 
     def on_message_action(self, action: str, index: int, extra: int) -> None:
-        """A link in the chat view: copy, copycode, edit, regenerate, version, answer."""
+        """A link in the chat view: copy, copycode, edit, regenerate, continue, version, answer."""
         if index >= len(self.conversation.messages):
             return
         message = self.conversation.messages[index]
@@ -498,6 +511,8 @@ class MainWindow(QMainWindow):
             self.edit_message(index)
         elif action == "regenerate":
             self.regenerate()
+        elif action == "continue":
+            self.continue_answer()
         elif action == "version" and not self.session.busy:
             self.show_version(index, extra)
         elif action == "answer":

@@ -217,6 +217,8 @@ def message_header_html(index: int, message: Message, options: RenderOptions, la
     links = [("copy", action_href("copy", index))]
     if last:
         links.append(("regenerate", action_href("regenerate", index)))
+        if message.stopped_early:
+            links.append(("continue", action_href("continue", index)))
     if len(message.versions) > 1:
         if message.shown > 0:
             links.append(("&lsaquo;", action_href("version", index, message.shown - 1)))
