@@ -2,9 +2,11 @@
 GGUF files, prompt token ids and thread count. Optional: `pip install -e ".[peers]"` compiles
 llama.cpp from source (about 10 minutes on 2 cores), so it is never a default or CI dependency.
 
-Plain decoding is llama.cpp's own greedy loop. Speculative decoding follows
-`llama-speculative-simple`: the draft proposes up to 8 tokens greedily, stopping early once its
-top probability falls below 0.75, and the target verifies them in one batch.
+Plain decoding is llama.cpp's own loop, each token chosen by its own sampler chain with our
+settings (greedy at temperature 0). Speculative decoding follows `llama-speculative-simple`: the
+draft proposes up to 8 tokens greedily, stopping early once its top probability falls below
+0.75, the target verifies them in one batch, and a draft token stands while it equals what the
+target's sampler picks at its place.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 from ..engine import default_models
 from ..engine.prefix_cache import common_prefix
 from ..engine.models import cache_dir
+from ..engine.sampling import SamplingParams
 
 N_DRAFT_MAX = 8
 DRAFT_P_MIN = 0.75
@@ -38,7 +41,8 @@ def gguf_path(source: str, progress) -> Path:
 
 
 class LlamaPeer:
-    def __init__(self, target_gguf: Path, draft_gguf: Path, threads: int, stop_tokens: frozenset[int]) -> None:
+    def __init__(self, target_gguf: Path, draft_gguf: Path, threads: int, stop_tokens: frozenset[int],
+                 sampling: SamplingParams = SamplingParams(), seed: int = 0) -> None:
         from llama_cpp import Llama
 
         common = {"n_ctx": 4096, "n_threads": threads, "n_threads_batch": threads, "verbose": False}
@@ -49,6 +53,28 @@ class LlamaPeer:
         self.draft = Llama(str(draft_gguf), logits_all=False, **common)
         self.stop_tokens = stop_tokens
         self.files = (target_gguf.name, draft_gguf.name)
+        self.sampling, self.seed = sampling, seed
+
+    def _sampler(self):
+        """llama.cpp's sampler chain with our settings, as LM Studio sets it up: greedy at
+        temperature 0, else top-k, top-p, min-p, then the temperature (llama.cpp's order; ours
+        applies the temperature first, as transformers does) and a draw. A fresh chain per run,
+        seeded alike."""
+        from llama_cpp._internals import LlamaSampler
+
+        chain, sampling = LlamaSampler(), self.sampling
+        if sampling.temperature <= 0:
+            chain.add_greedy()
+            return chain
+        if sampling.top_k > 0:
+            chain.add_top_k(sampling.top_k)
+        if sampling.top_p < 1:
+            chain.add_top_p(sampling.top_p, 1)
+        if sampling.min_p > 0:
+            chain.add_min_p(sampling.min_p, 1)
+        chain.add_temp(sampling.temperature)
+        chain.add_dist(self.seed)
+        return chain
 
     def describe(self) -> str:
         import llama_cpp
@@ -56,13 +82,17 @@ class LlamaPeer:
         # Which of its kernels run: the build's instruction sets (e.g. "AVX2 = 1 | ... | AVX512_VNNI = 1")
         features = llama_cpp.llama_print_system_info().decode()
         isa = "AVX-512" if "AVX512 = 1" in features else "AVX2" if "AVX2 = 1" in features else "no AVX2"
+        sampling = self.sampling
+        chosen = "greedy" if sampling.temperature <= 0 else (
+            f"its sampler: temperature {sampling.temperature}, top-k {sampling.top_k}, top-p {sampling.top_p}, "
+            f"min-p {sampling.min_p}")
         return (f"llama.cpp via llama-cpp-python {llama_cpp.__version__} ({isa} build) on {self.files[0]} "
-                f"(draft {self.files[1]}); speculative: draft up to {N_DRAFT_MAX}, p-min {DRAFT_P_MIN}")
+                f"(draft {self.files[1]}), {chosen}; speculative: draft up to {N_DRAFT_MAX}, p-min {DRAFT_P_MIN}")
 
     def plain(self, prompt: list[int], max_new_tokens: int):
         from .speed import RunResult
 
-        llm = self.target
+        llm, sampler = self.target, self._sampler()
         _truncate(llm, 0)
         start = time.perf_counter()
         llm.eval(prompt)
@@ -70,7 +100,7 @@ class LlamaPeer:
         out: list[int] = []
         first = None
         while True:
-            token = int(np.argmax(_last_logits(llm)))
+            token = sampler.sample(llm._ctx, -1)
             out.append(token)
             first = time.perf_counter() - start if first is None else first
             if token in self.stop_tokens or len(out) >= max_new_tokens:
@@ -80,7 +110,7 @@ class LlamaPeer:
     def speculative(self, prompt: list[int], max_new_tokens: int):
         from .speed import RunResult
 
-        target, draft = self.verifier, self.draft
+        target, draft, sampler = self.verifier, self.draft, self._sampler()
         committed = list(prompt)
         start = time.perf_counter()
         for llm in (target, draft):  # the last prompt token goes in with the first draft
@@ -99,14 +129,13 @@ class LlamaPeer:
                     break
                 proposed.append(token)
                 draft.eval([token])
-            base = target.n_tokens  # every committed token but the last
             target.eval([committed[-1]] + proposed)
-            choices = [int(np.argmax(row)) for row in target.scores[base : base + len(proposed) + 1]]
-            accepted = 0
-            while accepted < len(proposed) and proposed[accepted] == choices[accepted]:
-                accepted += 1
+            # The target's pick at each place in turn (row i of the batch), while it agrees.
+            choices = [sampler.sample(target._ctx, 0)]
+            while len(choices) <= len(proposed) and proposed[len(choices) - 1] == choices[-1]:
+                choices.append(sampler.sample(target._ctx, len(choices)))
             first = time.perf_counter() - start if first is None else first
-            for token in proposed[:accepted] + [choices[accepted]]:
+            for token in choices:
                 out.append(token)
                 committed.append(token)
                 if token in self.stop_tokens or len(out) >= max_new_tokens:

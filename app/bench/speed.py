@@ -104,8 +104,9 @@ def ours(engine: SpeculativeEngine, options: GenerationOptions) -> Run:
     return run
 
 
-def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
-    """k=None: transformers' defaults; else a constant draft length without confidence stops."""
+def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None, options: GenerationOptions) -> Run:
+    """k=None: transformers' defaults; else a constant draft length without confidence stops.
+    Greedy, or sampled with our settings (transformers' order is ours)."""
     # transformers' own models around the same modules (the low-bit ones load without them)
     target_model, draft_model = as_transformers(target.model), as_transformers(draft.model)
     # generate() may adjust the assistant's config in place; every call starts from the original.
@@ -115,13 +116,21 @@ def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None) -> Run:
         "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0
     }
 
+    sampling = options.sampling
+    if sampling.temperature > 0:  # transformers skips a filter at top-k 0, top-p 1 and min-p None
+        tuning |= {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k,
+                   "top_p": sampling.top_p, "min_p": sampling.min_p or None}
+    else:
+        tuning |= {"do_sample": False}
+
     def run(prompt: list[int], max_new_tokens: int) -> RunResult:
         draft_model.generation_config = copy.deepcopy(pristine)
         input_ids = torch.tensor([prompt], device=target_model.device)
+        torch.manual_seed(options.seed)  # transformers draws from torch's global generator
         with torch.inference_mode():
             out = target_model.generate(
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft_model,
-                do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=stop[0], **tuning,
+                max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=stop[0], **tuning,
             )
         return RunResult(out[0, len(prompt):].tolist())
 
@@ -219,20 +228,22 @@ def run_speed(args: argparse.Namespace) -> dict:
     rows = read_jsonl(args.data, args.limit)
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": row["question"]}]) for row in rows]
 
+    options = generation_options(args)
     modes: dict[str, Run] = {
-        "plain": ours(engine, generation_options(args, speculative=False)),
-        "speculative": ours(engine, generation_options(args, speculative=True)),
+        "plain": ours(engine, replace(options, speculative=False)),
+        "speculative": ours(engine, replace(options, speculative=True)),
     }
     if not args.no_hf:  # the same model objects in transformers' own assisted-generation loop
-        modes["hf_assisted_default"] = hf_assisted(target, draft, None)
+        modes["hf_assisted_default"] = hf_assisted(target, draft, None, options)
         for k in (int(v) for v in args.hf_k.split(",") if v):
-            modes[f"hf_assisted_k{k}"] = hf_assisted(target, draft, k)
+            modes[f"hf_assisted_k{k}"] = hf_assisted(target, draft, k, options)
     peer_note, peer = None, None
     if not args.no_peer and device.type == "cpu":
         peer_note = llama_peer.unavailable_reason()
         if peer_note is None:
             peer = llama_peer.LlamaPeer(llama_peer.gguf_path(args.target, stage), llama_peer.gguf_path(args.draft, stage),
-                                        threads=torch.get_num_threads(), stop_tokens=target.stop_tokens)
+                                        threads=torch.get_num_threads(), stop_tokens=target.stop_tokens,
+                                        sampling=options.sampling, seed=options.seed)
             modes["llama.cpp_plain"] = peer.plain
             modes["llama.cpp_speculative"] = peer.speculative
             peer_note = peer.describe()
