@@ -8,7 +8,7 @@ import torch
 
 from app.engine.cached_model import cached
 from app.engine.engine import SpeculativeEngine
-from app.engine.prefix_cache import MIN_TOKENS, PrefixStore, Snapshot, keep_prefix
+from app.engine.prefix_cache import MIN_TOKENS, RESERVE_BYTES, PrefixStore, Snapshot, keep_prefix
 from app.engine.proposers import DraftModelProposer
 from app.engine.sampling import SamplingParams
 from tests.helpers import all_steps, generated_ids, options
@@ -133,6 +133,19 @@ def test_the_store_keeps_recent_copies_within_its_limit():
     assert store.take([9] * 50 + [1], cached=0) is None  # shares fewer than MIN_TOKENS more than the live cache
     assert store.take([9] * 90 + [1], cached=0).ids == [9] * 100
     assert [s.ids[0] for s in store.snapshots] == [8]  # taken out: the live cache holds it now
+
+
+def test_copies_never_take_the_machines_last_free_memory():
+    """The machine's free memory as the copies leave it: 250 MB above the reserve without them."""
+    mb = 1 << 20
+    store = PrefixStore(max_tokens=10_000, available=lambda: RESERVE_BYTES + 250 * mb - store.nbytes)
+    for token in (1, 2):
+        store.keep(Snapshot([token] * 100, None, nbytes=100 * mb))
+    assert [s.ids[0] for s in store.snapshots] == [1, 2]
+    store.keep(Snapshot([3] * 100, None, nbytes=100 * mb))  # 50 MB short: the oldest goes
+    assert [s.ids[0] for s in store.snapshots] == [2, 3]
+    store.keep(Snapshot([4] * 100, None, nbytes=400 * mb))  # never fits: it goes too, last
+    assert store.snapshots == []
 
 
 def test_the_draft_keeps_its_cache_too():

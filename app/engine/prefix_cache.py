@@ -13,9 +13,18 @@ fresh read of the whole prompt gives).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+import psutil
 
 MIN_TOKENS = 64  # a shorter stretch is read again in well under a second
 MAX_TOKENS = 4096  # per model, all copies together: 235 MB for the default target, 100 MB for its draft
+# Copies are a convenience: they never leave the machine less memory than this (the oldest go).
+RESERVE_BYTES = 1 << 30
+
+
+def available_bytes() -> int:
+    return psutil.virtual_memory().available
 
 
 @dataclass
@@ -26,8 +35,9 @@ class Snapshot:
 
 
 class PrefixStore:
-    def __init__(self, max_tokens: int = MAX_TOKENS) -> None:
+    def __init__(self, max_tokens: int = MAX_TOKENS, available: Callable[[], int] = available_bytes) -> None:
         self.max_tokens = max_tokens
+        self.available = available  # the machine's free memory now, in bytes
         self.snapshots: list[Snapshot] = []  # least recently kept first
 
     @property
@@ -43,9 +53,10 @@ class PrefixStore:
 
     def keep(self, snapshot: Snapshot) -> None:
         """Keep a copy; copies it contains (their tokens begin it) go, and the oldest go while
-        the copies hold more than max_tokens."""
+        the copies hold more than max_tokens or the machine has less than RESERVE_BYTES free
+        (the new copy too, last)."""
         self.snapshots = [s for s in self.snapshots if s.ids != snapshot.ids[: len(s.ids)]] + [snapshot]
-        while self.tokens > self.max_tokens:
+        while self.snapshots and (self.tokens > self.max_tokens or self.available() < RESERVE_BYTES):
             del self.snapshots[0]
 
     def take(self, token_ids: list[int], cached: int) -> Snapshot | None:
