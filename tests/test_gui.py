@@ -463,3 +463,23 @@ def test_continue_goes_on_with_an_answer_cut_by_its_budget(qtbot, make_window):
     assert window.composer.toPlainText() == "a message being written"
     saved = ChatStore(window.store.path).load_chat(window.conversation.id).messages
     assert len(saved) == 2 and saved[-1].stats.token_ids == window.conversation.messages[-1].stats.token_ids
+
+
+def test_a_dropped_text_file_goes_into_the_message_and_a_binary_one_is_named(qtbot, make_window, tmp_path):
+    from PySide6.QtCore import QMimeData, QUrl
+
+    window = make_window()
+    (tmp_path / "a.py").write_text("print(1)\n", encoding="utf-8")
+    (tmp_path / "b.bin").write_bytes(b"\x00\x01")
+    window.composer.setPlainText("Explain this:")
+    window.composer.moveCursor(window.composer.textCursor().MoveOperation.End)
+    files = QMimeData()
+    files.setUrls([QUrl.fromLocalFile(str(tmp_path / "a.py")), QUrl.fromLocalFile(str(tmp_path / "b.bin"))])
+    assert window.composer.canInsertFromMimeData(files)
+    window.composer.insertFromMimeData(files)  # what a drop or a paste of files calls
+    assert window.composer.toPlainText() == "Explain this:\n`a.py`:\n```python\nprint(1)\n```\n"
+    assert "b.bin is not a text file" in window.statusBar().currentMessage()
+    text = QMimeData()
+    text.setText("plain text still pastes")
+    window.composer.insertFromMimeData(text)
+    assert window.composer.toPlainText().endswith("```\nplain text still pastes")

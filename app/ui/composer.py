@@ -1,7 +1,10 @@
-"""The message box: Enter sends, Shift+Enter inserts a newline, Esc stops generation."""
+"""The message box: Enter sends, Shift+Enter inserts a newline, Esc stops generation; text files
+dropped or pasted into it are offered to the window to insert as code blocks."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from pathlib import Path
+
+from PySide6.QtCore import QMimeData, Qt, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QPlainTextEdit
 
@@ -9,10 +12,11 @@ from PySide6.QtWidgets import QPlainTextEdit
 class Composer(QPlainTextEdit):
     send_requested = Signal(str)
     stop_requested = Signal()
+    files_dropped = Signal(list)  # [Path]: local files dropped or pasted
 
     def __init__(self) -> None:
         super().__init__()
-        self.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line, Esc stops)")
+        self.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line, Esc stops; drop a text file to add it)")
         self.setFixedHeight(84)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
@@ -25,3 +29,17 @@ class Composer(QPlainTextEdit):
             self.stop_requested.emit()
             return
         super().keyPressEvent(event)
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:
+        return bool(_local_files(source)) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:
+        files = _local_files(source)
+        if files:
+            self.files_dropped.emit(files)
+        else:
+            super().insertFromMimeData(source)
+
+
+def _local_files(source: QMimeData) -> list[Path]:
+    return [Path(url.toLocalFile()) for url in source.urls() if url.isLocalFile()] if source.hasUrls() else []

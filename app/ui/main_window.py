@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QFileDialog, QHBoxLayout
                                QListWidget, QListWidgetItem, QMainWindow, QMessageBox, QProgressDialog, QPushButton,
                                QSplitter, QVBoxLayout, QWidget)
 
+from ..chat.attachments import AttachmentError, file_block
 from ..chat.export import to_markdown
 from ..chat.session import ChatSession, RequestKind
 from ..chat.store import ChatStore, StoreError
@@ -143,6 +144,7 @@ class MainWindow(QMainWindow):
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
         self.new_action = file_menu.addAction("New chat", QKeySequence.New, self.new_chat)
+        file_menu.addAction("Insert a text file into the message...", QKeySequence.Open, self.choose_files)
         file_menu.addAction("Export chat as Markdown...", QKeySequence("Ctrl+E"), self.export_markdown)
         file_menu.addAction("Default system prompt...", self.edit_default_system_prompt)
         file_menu.addSeparator()
@@ -169,6 +171,7 @@ class MainWindow(QMainWindow):
         self.composer.send_requested.connect(self.send)
         self.chat_view.action_requested.connect(self.on_message_action)
         self.composer.stop_requested.connect(self.stop)
+        self.composer.files_dropped.connect(self.insert_files)
         self.send_button.clicked.connect(lambda: self.send(self.composer.toPlainText().strip()))
         self.stop_button.clicked.connect(self.stop)
         self.compare_button.clicked.connect(self.compare)
@@ -517,6 +520,28 @@ class MainWindow(QMainWindow):
             self.show_version(index, extra)
         elif action == "answer":
             self.answer_pending()
+
+    def choose_files(self) -> None:
+        names, _ = QFileDialog.getOpenFileNames(self, "Insert text files into the message")
+        self.insert_files([Path(name) for name in names])
+
+    def insert_files(self, paths: list[Path]) -> None:
+        """Each text file as a code block named after it, at the cursor; a file that is not
+        text (or too big, or unreadable) is named in the status bar and nothing of it goes in."""
+        refused = []
+        for path in paths:
+            try:
+                block = file_block(path)
+            except AttachmentError as error:
+                refused.append(str(error))
+                continue
+            cursor = self.composer.textCursor()
+            if cursor.positionInBlock() > 0:
+                cursor.insertText("\n")
+            cursor.insertText(block)
+        self.composer.setFocus()
+        if refused:
+            self.statusBar().showMessage("; ".join(refused), 10000)
 
     def edit_system_prompt(self) -> None:
         text, ok = QInputDialog.getMultiLineText(self, "System prompt", "Sent before every message of this chat:",
