@@ -483,3 +483,25 @@ def test_a_dropped_text_file_goes_into_the_message_and_a_binary_one_is_named(qtb
     text.setText("plain text still pastes")
     window.composer.insertFromMimeData(text)
     assert window.composer.toPlainText().endswith("```\nplain text still pastes")
+
+
+def test_the_chat_follows_a_document_laid_out_after_the_change(qtbot, make_window):
+    """Qt lays a long document out in time slices, more of them while the engine keeps the cores
+    busy: the scroll range grows after an update returns. A view left at the bottom follows it;
+    one the user scrolled up stays where the user put it."""
+    window = make_window(max_new_tokens=60)
+    for text in ("t1 t2", "t3 t4", "t5 t6"):
+        send_and_wait(qtbot, window, text)
+    view = window.chat_view
+    bar = view.verticalScrollBar()
+    view.resize(view.width(), 120)
+    qtbot.waitUntil(lambda: bar.maximum() > 100)
+    view.show_messages(window.conversation.messages)  # at the bottom before: pinned there
+    assert bar.value() == bar.maximum()
+    bar.setRange(0, bar.maximum() + 300)  # what a later slice of layout does
+    assert bar.value() == bar.maximum()
+    bar.setValue(bar.maximum() // 2)  # the user scrolls up to read
+    bar.setRange(0, bar.maximum() + 300)
+    assert bar.value() < bar.maximum() - 300
+    view.show_messages(window.conversation.messages)
+    assert bar.value() < bar.maximum() - 4

@@ -64,6 +64,11 @@ class ChatView(QTextBrowser):
         self.viewport().setMouseTracking(True)
         self.setPlaceholderText("Ask anything. Tokens are coloured by where they came from.")
         self.anchorClicked.connect(self._on_anchor)
+        # The scroll position set to keep the end in view, while the user leaves it there. Qt lays
+        # a long document out in time slices (more of them while the engine keeps the cores busy),
+        # so the scroll range grows after a change returns: the view follows it there too.
+        self._pinned: int | None = None
+        self.verticalScrollBar().rangeChanged.connect(self._follow_growth)
 
     # ---- whole conversation -------------------------------------------------------------------
     def show_messages(self, messages: list[Message], answer_follows: bool = False) -> None:
@@ -175,10 +180,20 @@ class ChatView(QTextBrowser):
 
     def _keep_bottom(self, change) -> None:
         bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 4
+        at_bottom = bar.value() >= bar.maximum() - 4 or bar.value() == self._pinned
         change()
+        self._pinned = None
         if at_bottom:
-            bar.setValue(bar.maximum())
+            self._pin_to_bottom()
+
+    def _pin_to_bottom(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+        self._pinned = bar.value()
+
+    def _follow_growth(self) -> None:
+        if self._pinned is not None and self.verticalScrollBar().value() == self._pinned:
+            self._pin_to_bottom()
 
     # ---- tokens and actions -------------------------------------------------------------------
     def token_at(self, href: str) -> TokenRecord | None:
