@@ -2,13 +2,14 @@
 
 Every block format the default pair uses is `w = scale * q - min` per group:
   Q4_K  4-bit q, scale = d*sc, min = dmin*m per 32   -> 4 bits, groups of 32, codes sc and m, steps d and dmin
-  Q5_K  5-bit q, the same scales                      -> 8 bits, groups of 32
+  Q5_K  5-bit q, the same scales                      -> 5 bits, groups of 32, the same codes and steps
   Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 6 bits (symmetric, no min), groups of 16, codes sc, step d
   Q5_0  5-bit q, w = d*(q-16) per 32                  -> 8 bits, groups of 32
   Q8_0  int8 q, w = d*q per 32                        -> 8 bits (q+128), groups of 32
 Other types (and float tensors) are dequantized and quantized to 8 bits, groups of 32.
-The 4- and 6-bit layouts keep the K-quants' own integer codes and float16 steps, so their weights
-are exact; 8-bit scales and mins are float16, which rounds Q5_K's d*sc product (<= 2^-11 relative).
+The 4-, 5- and 6-bit layouts keep the K-quants' own integer codes and float16 steps, so their
+weights are exact, as are Q5_0's and Q8_0's in 8 bits (their float16 scale per block of 32 is the
+8-bit layout's own).
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _q5_k(blocks: np.ndarray) -> Groups:
     qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
     ql = blocks[:, 48:176].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     q = (ql & 0x0F).reshape(-1, 8, 32) | ((qh & 0x01) << 4)
-    return q.reshape(-1, 256), d * sc, dmin * mn, 8, 32, None, None
+    return q.reshape(-1, 256), sc, mn, 5, 32, d, dmin
 
 
 def _q6_k(blocks: np.ndarray) -> Groups:

@@ -1,4 +1,4 @@
-// Low-bit linear layers for the CPU: 4-, 6- or 8-bit unsigned weights with a scale and a min per
+// Low-bit linear layers for the CPU: 4-, 5-, 6- or 8-bit unsigned weights with a scale and a min per
 // group of G inputs (w = scale * q - min), times activations quantized to int8 per row and per
 // group. Integer dot products do the work: AVX-512 VNNI where the CPU has it, else AVX2 (most
 // laptops: the same products in two 8-output halves of each tile, with the 256-bit VNNI
@@ -12,8 +12,10 @@
 //                                         per weight; 4-bit: L = C/2, chunk 2p in the low nibble and
 //                                         chunk 2p+1 in the high nibble of line p; 6-bit: those C/2
 //                                         lines of low nibbles, then C/4 lines of top bit pairs
-//                                         (chunk 4h+j in bits 2j, 2j+1 of line C/2+h).
-//   scale       [N/16, K/G, 16]    fp16 (8 bits) or int8 codes (4 and 6 bits)
+//                                         (chunk 4h+j in bits 2j, 2j+1 of line C/2+h); 5-bit (G = 32
+//                                         only): the nibbles, then C/8 lines of top bits (chunk 8h+j
+//                                         in bit j of line C/2+h).
+//   scale       [N/16, K/G, 16]    fp16 (8 bits) or int8 codes (4, 5 and 6 bits)
 //   min         [N/16, K/G, 16]    as scale (empty for 6 bits: symmetric, min = 32 * scale)
 //   scale_step  [N/16, K/G/S, 16]  fp16: what a code of 1 stands for, per super-block of S groups
 //   min_step    [N/16, K/G/S, 16]  (both empty for 8 bits; min_step empty for 6 bits)
@@ -61,6 +63,11 @@ struct Activations {
 template <int Bits>
 constexpr bool kCoded = Bits != 8;
 
+// 64-byte lines per group of `chunks` chunks (see the layout above).
+constexpr int64_t lines_per_group(int64_t chunks, int64_t bits) {
+  return bits == 8 ? chunks : chunks / 2 + (bits == 6 ? chunks / 4 : (bits == 5 ? chunks / 8 : 0));
+}
+
 // Where one tile's group scales and mins live.
 struct TileParams {
   const void* scale;  // [groups, 16]: float16 (8 bits) or int8 codes
@@ -98,12 +105,12 @@ void check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tens
                   const at::Tensor& min_step, int64_t bits) {
   const bool coded = bits != 8;
   TORCH_CHECK(scale.scalar_type() == (coded ? at::kChar : at::kHalf) && min.scalar_type() == scale.scalar_type(),
-              "scales and mins must be float16 (8 bits) or int8 codes (4 and 6 bits)");
+              "scales and mins must be float16 (8 bits) or int8 codes (4, 5 and 6 bits)");
   TORCH_CHECK(!coded || (scale_step.scalar_type() == at::kHalf && scale_step.size(1) > 0 &&
                          scale.size(1) % scale_step.size(1) == 0),
               "coded scales need float16 steps per super-block");
   TORCH_CHECK(bits == 6 || min.size(2) == scale.size(2), "this weight format needs its mins");
-  TORCH_CHECK(bits != 4 || min_step.numel() == scale_step.numel(), "4-bit mins need their steps");
+  TORCH_CHECK((bits != 4 && bits != 5) || min_step.numel() == scale_step.numel(), "4- and 5-bit mins need their steps");
   for (const at::Tensor& t : {scale, min, scale_step, min_step}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
 }
 
@@ -141,7 +148,7 @@ inline __m512i broadcast4(const int8_t* p) {
 
 // The unsigned weights of one 4-input chunk of 16 outputs (see packing.pack for the lines):
 // 8-bit: the line itself; 4-bit: a nibble of line chunk/2; 6-bit: that nibble plus two top
-// bits from the lines after the nibbles.
+// bits from the lines after the nibbles; 5-bit: the nibble plus one top bit from there.
 template <int Chunks, int Bits>
 inline __m512i chunk_weights(const uint8_t* lines, int chunk) {
   const __m512i* line = reinterpret_cast<const __m512i*>(lines);
@@ -153,6 +160,12 @@ inline __m512i chunk_weights(const uint8_t* lines, int chunk) {
     const int at = 2 * (chunk % 4);  // the chunk's two bits, moved to bits 4 and 5
     const __m512i moved = at < 4 ? _mm512_slli_epi16(tops, 4 - at) : (at > 4 ? _mm512_srli_epi16(tops, at - 4) : tops);
     value = _mm512_or_si512(value, _mm512_and_si512(moved, _mm512_set1_epi8(0x30)));
+  }
+  if constexpr (Bits == 5) {
+    const __m512i tops = _mm512_loadu_si512(line + Chunks / 2 + chunk / 8);
+    const int at = chunk % 8;  // the chunk's bit, moved to bit 4
+    const __m512i moved = at < 4 ? _mm512_slli_epi16(tops, 4 - at) : (at > 4 ? _mm512_srli_epi16(tops, at - 4) : tops);
+    value = _mm512_or_si512(value, _mm512_and_si512(moved, _mm512_set1_epi8(0x10)));
   }
   return value;
 }
@@ -185,7 +198,7 @@ template <int Rows, int Chunks, int Bits>
 __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
                                                 const TileParams& p1, int64_t groups, int64_t per_step, int pass,
                                                 const Activations& act, float* out, int64_t out_stride) {
-  constexpr int kLines = Bits == 8 ? Chunks : (Bits == 4 ? Chunks / 2 : Chunks / 2 + Chunks / 4);
+  constexpr int kLines = lines_per_group(Chunks, Bits);
   constexpr bool kSymmetric = Bits == 6;  // w = scale * (q - 32): no min is stored
   // With one or two rows, a single accumulator per tile would chain every dot product of the
   // group on the previous one (latency bound); even and odd chunks then go to separate ones.
@@ -251,6 +264,8 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     const int8_t* a = act.q + g * Chunks * 4;
     const uint8_t* lines0 = q + g * kLines * 64;
     const uint8_t* lines1 = q1 + g * kLines * 64;
+    // Unrolled, so that each chunk's shifts are constants (GCC kept the 5- and 6-bit loops rolled)
+#pragma GCC unroll 8
     for (int chunk = 0; chunk < Chunks; ++chunk) {
       const __m512i w0 = chunk_weights<Chunks, Bits>(lines0, chunk);
       const __m512i w1 = chunk_weights<Chunks, Bits>(lines1, chunk);
@@ -308,8 +323,8 @@ template <int Bits>
 void rows_kernel(int64_t group, int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
                  const TileParams& p1, int64_t groups, int64_t per_step, int pass, const Activations& act,
                  float* out, int64_t out_stride) {
-  if (group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
-  else rows_kernel<4, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
+  if (Bits == 5 || group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
+  else if constexpr (Bits != 5) rows_kernel<4, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
 }
 
 // Output tiles t and t + 1 of every row: out [rows, n] gets their 32 columns.
@@ -324,6 +339,7 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
     const Activations block_act = act.from_row(r0, groups);
     float* to = out + r0 * n + t * kTile;
     if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
+    else if (bits == 5) rows_kernel<5>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
     else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
     else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
   }
@@ -388,6 +404,12 @@ inline __m256i chunk_weights(const uint8_t* lines, int chunk, int half) {
     const __m256i moved = at < 4 ? _mm256_slli_epi16(tops, 4 - at) : (at > 4 ? _mm256_srli_epi16(tops, at - 4) : tops);
     value = _mm256_or_si256(value, _mm256_and_si256(moved, _mm256_set1_epi8(0x30)));
   }
+  if constexpr (Bits == 5) {
+    const __m256i tops = line(Chunks / 2 + chunk / 8);
+    const int at = chunk % 8;  // the chunk's bit, moved to bit 4
+    const __m256i moved = at < 4 ? _mm256_slli_epi16(tops, 4 - at) : (at > 4 ? _mm256_srli_epi16(tops, at - 4) : tops);
+    value = _mm256_or_si256(value, _mm256_and_si256(moved, _mm256_set1_epi8(0x10)));
+  }
   return value;
 }
 
@@ -406,9 +428,10 @@ inline __m256i pair_sums(__m256i weights, __m256i activations) {
 
 // Chunks whose pair sums add up in 16 bits before madd widens them into the 32-bit lanes (the
 // sums of 4 inputs VNNI gives): exact while every partial sum stays below 32767. 4-bit: a group of
-// 8 chunks is at most 8 * 2 * 15 * 127 = 30480; 6-bit: 2 chunks 2 * 2 * 63 * 127 = 32004; 8-bit: 1.
+// 8 chunks is at most 8 * 2 * 15 * 127 = 30480; 5-bit: 4 chunks 4 * 2 * 31 * 127 = 31496; 6-bit:
+// 2 chunks 2 * 2 * 63 * 127 = 32004; 8-bit: 1.
 template <int Bits, int Chunks>
-constexpr int kChunksPerWidening = Bits == 4 ? Chunks : (Bits == 6 ? 2 : 1);
+constexpr int kChunksPerWidening = Bits == 4 ? Chunks : (Bits == 5 ? 4 : (Bits == 6 ? 2 : 1));
 
 inline __m256 load_halves(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -431,7 +454,7 @@ inline __m256 group_values(const void* values, __m256 step, int64_t g, int half)
 template <int Rows, int Chunks, int Bits>
 __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                                            const Activations& act, float* out, int64_t out_stride) {
-  constexpr int kLines = Bits == 8 ? Chunks : (Bits == 4 ? Chunks / 2 : Chunks / 2 + Chunks / 4);
+  constexpr int kLines = lines_per_group(Chunks, Bits);
   constexpr bool kSymmetric = Bits == 6;  // w = scale * (q - 32): no min is stored
   constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytes / (kLines * 64));  // in groups
   __m256 acc[Rows][2];
@@ -464,6 +487,7 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i pairs[Rows][2];  // 16-bit sums of the chunks since the last widening
 #endif
+#pragma GCC unroll 8
     for (int chunk = 0; chunk < Chunks; ++chunk) {
       const __m256i w0 = chunk_weights<Chunks, Bits>(lines, chunk, 0);
       const __m256i w1 = chunk_weights<Chunks, Bits>(lines, chunk, 1);
@@ -523,8 +547,8 @@ void tile_rows(int rows, const uint8_t* q, const TileParams& tile, int64_t group
 template <int Bits>
 void tile_rows(int64_t group, int rows, const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                const Activations& act, float* out, int64_t out_stride) {
-  if (group == 32) tile_rows<8, Bits>(rows, q, tile, groups, per_step, act, out, out_stride);
-  else tile_rows<4, Bits>(rows, q, tile, groups, per_step, act, out, out_stride);
+  if (Bits == 5 || group == 32) tile_rows<8, Bits>(rows, q, tile, groups, per_step, act, out, out_stride);
+  else if constexpr (Bits != 5) tile_rows<4, Bits>(rows, q, tile, groups, per_step, act, out, out_stride);
 }
 
 // Output tiles t and t + 1 of every row: out [rows, n] gets their 32 columns.
@@ -539,6 +563,7 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
       const Activations block_act = act.from_row(r0, groups);
       float* to = out + r0 * n + tile * kTile;
       if (bits == 4) tile_rows<4>(group, block, tq, p, groups, params.per_step, block_act, to, n);
+      else if (bits == 5) tile_rows<5>(group, block, tq, p, groups, params.per_step, block_act, to, n);
       else if (bits == 6) tile_rows<6>(group, block, tq, p, groups, params.per_step, block_act, to, n);
       else tile_rows<8>(group, block, tq, p, groups, params.per_step, block_act, to, n);
     }
@@ -577,7 +602,8 @@ at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, 
                   at::Tensor min_step, int64_t group, int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
   TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
-  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "bits must be 4, 5, 6 or 8");
+  TORCH_CHECK(bits != 5 || group == 32, "5-bit weights come in groups of 32");
   check_params(scale, min, scale_step, min_step, bits);
   x = x.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), tiles = scale.size(0), groups = k / group;
@@ -606,7 +632,8 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
   check_params(scale, min, scale_step, min_step, bits);
   const int64_t tiles = scale.size(0), groups = scale.size(1), k = groups * group, chunks = group / 4;
   const int64_t tile_bytes = q.numel() / tiles;
-  const int64_t lines = bits == 8 ? chunks : (bits == 4 ? chunks / 2 : chunks / 2 + chunks / 4);  // per group
+  TORCH_CHECK(bits != 5 || group == 32, "5-bit weights come in groups of 32");
+  const int64_t lines = lines_per_group(chunks, bits);
   ids = ids.contiguous().to(at::kLong);
   at::Tensor out = at::empty({ids.numel(), k}, at::kFloat);
   const int64_t* id = ids.data_ptr<int64_t>();
@@ -639,6 +666,9 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
             if (bits == 6) {
               const uint8_t tops = group_lines[(chunks / 2 + c / 4) * kTile * 4 + b];
               value |= ((tops >> (2 * (c % 4))) & 0x03) << 4;
+            } else if (bits == 5) {
+              const uint8_t tops = group_lines[(chunks / 2 + c / 8) * kTile * 4 + b];
+              value |= ((tops >> (c % 8)) & 0x01) << 4;
             }
           }
           out_ptr[i * k + g * group + c * 4 + b] = s * static_cast<float>(value) - m;

@@ -1,15 +1,15 @@
 """Low-bit weights: the packed layout the CPU kernel reads, and the pure-torch reference.
 
-A weight [N, K] is stored as unsigned integers q (4, 6 or 8 bits) with a scale and a min per
+A weight [N, K] is stored as unsigned integers q (4, 5, 6 or 8 bits) with a scale and a min per
 group of `group` inputs: w = scale * q - min. 6-bit weights are symmetric (w = scale * (q - 32),
 as GGUF's Q6_K): their min is 32 * scale and is not stored.
 
-8-bit weights keep each group's scale and min as float16. For 4 and 6 bits, where that would
+8-bit weights keep each group's scale and min as float16. For 4, 5 and 6 bits, where that would
 cost a whole bit per weight, they are int8 codes times a float16 step per super-block of
 groups (256 inputs where K allows), as GGUF's K-quants store them: 4.625 bits per weight for
-4-bit groups of 32, 6.5625 for 6-bit groups of 16. GGUF's Q4_K, Q5_0, Q6_K and Q8_0 blocks are
-all of these forms, so they repack without changing a single weight (see gguf_weights.py);
-float weights are quantized into them.
+4-bit groups of 32, 5.625 for 5-bit groups of 32 (groups of 32 only), 6.5625 for 6-bit groups
+of 16. GGUF's Q4_K, Q5_K, Q5_0, Q6_K and Q8_0 blocks are all of these forms, so they repack
+without changing a single weight (see gguf_weights.py); float weights are quantized into them.
 
 Activations are quantized to int8 per row and per group (a step of max|x| / 127), so the
 product of one row never depends on the other rows in the batch.
@@ -24,18 +24,18 @@ import torch
 TILE = 16  # outputs per tile: one 64-byte vector holds 16 outputs x 4 inputs
 ROWS_MULTIPLE = 2 * TILE  # the kernel works on pairs of tiles; weights are padded with zero rows
 SYMMETRIC_OFFSET = {6: 32}  # bits -> the integer that stands for 0 where the min is not stored
-CODED_BITS = (4, 6)  # scales and mins as int8 codes times a float16 step per super-block
+CODED_BITS = (4, 5, 6)  # scales and mins as int8 codes times a float16 step per super-block
 CODE_MAX = 127
 
 
 @dataclass
 class PackedWeight:
-    q: torch.Tensor  # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), chunks/2 (4-bit), 3*chunks/4 (6-bit)
-    scale: torch.Tensor  # [N/16, K/group, 16]: float16 (8-bit), int8 codes (4, 6-bit)
+    q: torch.Tensor  # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), chunks/2 (4-bit), 5*chunks/8 (5-bit), 3*chunks/4 (6-bit)
+    scale: torch.Tensor  # [N/16, K/group, 16]: float16 (8-bit), int8 codes (4, 5, 6-bit)
     min: torch.Tensor  # as scale; [N/16, K/group, 0] when symmetric (6-bit)
     scale_step: torch.Tensor  # float16 [N/16, K/super-block, 16]: what a scale code of 1 stands for ([.., 0, 16] for 8-bit)
     min_step: torch.Tensor  # float16 as scale_step, for the min codes (empty for 8 and 6 bits)
-    bits: int  # 4, 6 or 8
+    bits: int  # 4, 5, 6 or 8
     group: int  # 16 or 32 inputs per scale
 
     TENSORS = ("q", "scale", "min", "scale_step", "min_step")
@@ -68,7 +68,7 @@ def super_block_groups(in_features: int, group: int) -> int:
 def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: int, group: int,
          scale_step: torch.Tensor | None = None, min_step: torch.Tensor | None = None) -> PackedWeight:
     """q [N, K] integers in [0, 2**bits) -> the kernel's layout (N padded with zero rows to a
-    multiple of 32). 8 bits: scale, min_ [N, K/group] float. 4 and 6 bits: scale, min_ [N, K/group]
+    multiple of 32). 8 bits: scale, min_ [N, K/group] float. 4, 5 and 6 bits: scale, min_ [N, K/group]
     int8 codes and scale_step, min_step [N, K/(group * super_block_groups)] float. Symmetric
     6 bits: min_ and min_step None."""
     if (min_ is None) != (bits in SYMMETRIC_OFFSET):
@@ -76,7 +76,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
     if (scale_step is None) == (bits in CODED_BITS):
         raise ValueError(f"{bits}-bit weights {'need' if bits in CODED_BITS else 'have no'} steps per super-block")
     n, k = q.shape
-    if k % group or group not in (16, 32) or bits not in (4, 6, 8):
+    if k % group or group not in (16, 32) or bits not in (4, 5, 6, 8) or (bits == 5 and group != 32):
         raise ValueError(f"cannot pack a [{n}, {k}] weight in {bits} bits with groups of {group}")
     if int(q.max()) >= 1 << bits or int(q.min()) < 0:
         raise ValueError(f"values do not fit in {bits} unsigned bits")
@@ -86,12 +86,17 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
     n += pad
     chunks = group // 4
     tiled = q.to(torch.uint8).reshape(n // TILE, TILE, k // group, chunks, 4).permute(0, 2, 3, 1, 4)
-    if bits in (4, 6):  # low nibbles: chunk 2p in the low half of line p, chunk 2p+1 in the high half
+    if bits in CODED_BITS:  # low nibbles: chunk 2p in the low half of line p, chunk 2p+1 in the high half
         pairs = (tiled & 0x0F).reshape(n // TILE, k // group, chunks // 2, 2, TILE, 4)
         lines = [pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)]
-        if bits == 6:  # then the top two bits of chunk 4h + j in bits 2j, 2j+1 of line h
-            tops = (tiled >> 4).reshape(n // TILE, k // group, chunks // 4, 4, TILE, 4)
-            lines.append(tops[:, :, :, 0] | (tops[:, :, :, 1] << 2) | (tops[:, :, :, 2] << 4) | (tops[:, :, :, 3] << 6))
+        if bits > 4:  # then the top bits of chunk (8 / top bits) h + j in bits of line h, from bit j * top bits
+            top_bits = bits - 4
+            per_line = 8 // top_bits
+            tops = (tiled >> 4).reshape(n // TILE, k // group, chunks // per_line, per_line, TILE, 4)
+            line = tops[:, :, :, 0]
+            for j in range(1, per_line):
+                line = line | (tops[:, :, :, j] << (j * top_bits))
+            lines.append(line)
         tiled = torch.cat(lines, dim=2)
     per_tile = lambda t, dtype: (torch.empty(n // TILE, k // group, 0, dtype=dtype) if t is None else
                                  t.reshape(n // TILE, TILE, -1).transpose(1, 2).to(dtype).contiguous())
@@ -115,13 +120,15 @@ def unpack(weight: PackedWeight) -> torch.Tensor:
     """The packed integers back as q [N, K] uint8."""
     tiles, groups = weight.scale.shape[:2]
     tiled = weight.q
-    if weight.bits in (4, 6):
+    if weight.bits in CODED_BITS:
         nibble_lines = weight.group // 8
         nibbles = tiled[:, :, :nibble_lines]
         low = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=3).flatten(2, 3)
-        if weight.bits == 6:
+        if weight.bits > 4:
+            top_bits = weight.bits - 4
+            mask = (1 << top_bits) - 1
             tops = tiled[:, :, nibble_lines:]
-            tops = torch.stack([(tops >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=3).flatten(2, 3)
+            tops = torch.stack([(tops >> shift) & mask for shift in range(0, 8, top_bits)], dim=3).flatten(2, 3)
             low = low | (tops << 4)
         tiled = low
     return tiled.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, groups * weight.group)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 LAYOUT = "lowbit.json"
 WEIGHTS = "lowbit.safetensors"
-FORMAT = 4  # bump when the packed layout changes, so old caches are rebuilt (4: coded 4- and 6-bit scales)
+FORMAT = 5  # bump when the packed layout changes, so old caches are rebuilt (4: coded 4- and 6-bit scales; 5: Q5_K in 5 bits)
 
 
 def is_complete(folder: Path) -> bool:
