@@ -213,7 +213,7 @@ class ChatSession:
         if self.clock() - self._saved_at >= SAVE_EVERY_SECONDS:  # what a reopen shows if we die now
             if self.request.kind is RequestKind.ANSWER:
                 self._save_streaming(self.builder, FinishReason.INTERRUPTED)
-            elif self.request.kind is RequestKind.CONTINUE:
+            elif self.request.kind is RequestKind.CONTINUE and self.builder.has_new_tokens:
                 self._grow_last(self.builder.message(FinishReason.INTERRUPTED))
             self._saved_at = self.clock()
 
