@@ -147,25 +147,20 @@ inline __m512i broadcast4(const int8_t* p) {
 }
 
 // The unsigned weights of one 4-input chunk of 16 outputs (see packing.pack for the lines):
-// 8-bit: the line itself; 4-bit: a nibble of line chunk/2; 6-bit: that nibble plus two top
-// bits from the lines after the nibbles; 5-bit: the nibble plus one top bit from there.
+// 8-bit: the line itself; 4-bit: a nibble of line chunk/2; 5- and 6-bit: that nibble plus the
+// chunk's one or two top bits from the lines after the nibbles.
 template <int Chunks, int Bits>
 inline __m512i chunk_weights(const uint8_t* lines, int chunk) {
   const __m512i* line = reinterpret_cast<const __m512i*>(lines);
   if constexpr (Bits == 8) return _mm512_loadu_si512(line + chunk);
   const __m512i packed = _mm512_loadu_si512(line + chunk / 2);
   __m512i value = _mm512_and_si512(chunk % 2 ? _mm512_srli_epi16(packed, 4) : packed, _mm512_set1_epi8(0x0F));
-  if constexpr (Bits == 6) {
-    const __m512i tops = _mm512_loadu_si512(line + Chunks / 2 + chunk / 4);
-    const int at = 2 * (chunk % 4);  // the chunk's two bits, moved to bits 4 and 5
+  if constexpr (Bits == 5 || Bits == 6) {
+    constexpr int kTopBits = Bits - 4, kPerLine = 8 / kTopBits;
+    const __m512i tops = _mm512_loadu_si512(line + Chunks / 2 + chunk / kPerLine);
+    const int at = kTopBits * (chunk % kPerLine);  // the chunk's top bits, moved to bit 4 and up
     const __m512i moved = at < 4 ? _mm512_slli_epi16(tops, 4 - at) : (at > 4 ? _mm512_srli_epi16(tops, at - 4) : tops);
-    value = _mm512_or_si512(value, _mm512_and_si512(moved, _mm512_set1_epi8(0x30)));
-  }
-  if constexpr (Bits == 5) {
-    const __m512i tops = _mm512_loadu_si512(line + Chunks / 2 + chunk / 8);
-    const int at = chunk % 8;  // the chunk's bit, moved to bit 4
-    const __m512i moved = at < 4 ? _mm512_slli_epi16(tops, 4 - at) : (at > 4 ? _mm512_srli_epi16(tops, at - 4) : tops);
-    value = _mm512_or_si512(value, _mm512_and_si512(moved, _mm512_set1_epi8(0x10)));
+    value = _mm512_or_si512(value, _mm512_and_si512(moved, _mm512_set1_epi8(((1 << kTopBits) - 1) << 4)));
   }
   return value;
 }
@@ -408,17 +403,12 @@ inline __m256i chunk_weights(const uint8_t* lines, int chunk, int half) {
   if constexpr (Bits == 8) return line(chunk);
   const __m256i packed = line(chunk / 2);
   __m256i value = _mm256_and_si256(chunk % 2 ? _mm256_srli_epi16(packed, 4) : packed, _mm256_set1_epi8(0x0F));
-  if constexpr (Bits == 6) {
-    const __m256i tops = line(Chunks / 2 + chunk / 4);
-    const int at = 2 * (chunk % 4);  // the chunk's two bits, moved to bits 4 and 5
+  if constexpr (Bits == 5 || Bits == 6) {
+    constexpr int kTopBits = Bits - 4, kPerLine = 8 / kTopBits;
+    const __m256i tops = line(Chunks / 2 + chunk / kPerLine);
+    const int at = kTopBits * (chunk % kPerLine);  // the chunk's top bits, moved to bit 4 and up
     const __m256i moved = at < 4 ? _mm256_slli_epi16(tops, 4 - at) : (at > 4 ? _mm256_srli_epi16(tops, at - 4) : tops);
-    value = _mm256_or_si256(value, _mm256_and_si256(moved, _mm256_set1_epi8(0x30)));
-  }
-  if constexpr (Bits == 5) {
-    const __m256i tops = line(Chunks / 2 + chunk / 8);
-    const int at = chunk % 8;  // the chunk's bit, moved to bit 4
-    const __m256i moved = at < 4 ? _mm256_slli_epi16(tops, 4 - at) : (at > 4 ? _mm256_srli_epi16(tops, at - 4) : tops);
-    value = _mm256_or_si256(value, _mm256_and_si256(moved, _mm256_set1_epi8(0x10)));
+    value = _mm256_or_si256(value, _mm256_and_si256(moved, _mm256_set1_epi8(((1 << kTopBits) - 1) << 4)));
   }
   return value;
 }
@@ -672,12 +662,10 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
           } else {
             const uint8_t byte = group_lines[(c / 2) * kTile * 4 + b];
             value = (c % 2 == 0) ? (byte & 0x0F) : (byte >> 4);
-            if (bits == 6) {
-              const uint8_t tops = group_lines[(chunks / 2 + c / 4) * kTile * 4 + b];
-              value |= ((tops >> (2 * (c % 4))) & 0x03) << 4;
-            } else if (bits == 5) {
-              const uint8_t tops = group_lines[(chunks / 2 + c / 8) * kTile * 4 + b];
-              value |= ((tops >> (c % 8)) & 0x01) << 4;
+            if (bits == 5 || bits == 6) {  // the chunk's top bits, from the lines after the nibbles
+              const int64_t top_bits = bits - 4, per_line = 8 / top_bits;
+              const uint8_t tops = group_lines[(chunks / 2 + c / per_line) * kTile * 4 + b];
+              value |= ((tops >> (top_bits * (c % per_line))) & ((1 << top_bits) - 1)) << 4;
             }
           }
           out_ptr[i * k + g * group + c * 4 + b] = s * static_cast<float>(value) - m;
