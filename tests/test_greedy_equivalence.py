@@ -284,5 +284,7 @@ def test_the_drafts_reading_of_the_prompt_counts_as_prefill_and_follows_the_firs
     steps = list(engine.generate(list(range(1, 80)), GenerationOptions(k=2, adaptive=False, max_new_tokens=12)))
     first, second, last = steps[0].stats, steps[1].stats, steps[-1].stats
     assert first.prefill_seconds < 0.3 and [token.source for token in steps[0].tokens] == [Source.PLAIN]
-    assert second.prefill_seconds >= 0.3 and second.draft_seconds < 0.3 and second.drafted == 2
+    # the prompt's share of the draft's slow reading (78 of the 79 tokens it then reads) is prefill
+    assert second.prefill_seconds - first.prefill_seconds >= 0.3 * 78 / 79 * 0.99
+    assert second.draft_seconds < 0.3 and second.drafted == 2
     assert last.prefill_seconds == second.prefill_seconds  # the prompt is read once

@@ -14,18 +14,22 @@ from app.engine.models import LoadedModel, Precision, load_model
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model, wide_low_bit
 
-FORMATS = [(4, 32), (8, 32), (8, 16), (4, 16), (6, 16), (6, 32), (5, 32)]
+# bits, group, coded (int8 codes times float16 steps; else float16 per group, as GGUF's Q4_0, Q4_1,
+# Q5_0, Q5_1 and Q8_0)
+FORMATS = [(4, 32, True), (8, 32, False), (8, 16, False), (4, 16, True), (6, 16, True), (6, 32, True), (5, 32, True),
+           (4, 32, False), (5, 32, False)]
+FORMAT_NAMES = ("bits", "group", "coded")
 
 
 def random_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize(("bits", "group"), FORMATS)
-def test_pack_round_trip(bits, group):
+@pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
+def test_pack_round_trip(bits, group, coded):
     q = torch.randint(0, 1 << bits, (48, 64), dtype=torch.uint8)  # 48 rows: padded to 64
     per_input = lambda t: t.repeat_interleave(64 // t.shape[1], 1)
-    if bits in packing.CODED_BITS:  # int8 codes per group times a float16 step per super-block
+    if coded:  # int8 codes per group times a float16 step per super-block
         scale, min_ = torch.randint(0, 128, (48, 64 // group)), torch.randint(-127, 128, (48, 64 // group))
         steps = torch.rand(48, 1), torch.rand(48, 1)
         scale_value, min_value = scale * steps[0].half().float(), min_ * steps[1].half().float()
@@ -35,16 +39,16 @@ def test_pack_round_trip(bits, group):
     if bits == 6:  # symmetric: w = scale * (q - 32), no min stored
         min_, steps, min_value = None, (steps[0], None), 32 * scale_value
     packed = packing.pack(q, scale, min_, bits, group, *steps)
-    assert packed.out_features == 64 and torch.equal(packing.unpack(packed)[:48], q)
+    assert packed.out_features == 64 and packed.coded == coded and torch.equal(packing.unpack(packed)[:48], q)
     assert torch.equal(packing.dequantize(packed)[:48], per_input(scale_value) * q.float() - per_input(min_value))
 
 
-@pytest.mark.parametrize(("bits", "group"), FORMATS)
-def test_quantized_groups_cover_their_values(bits, group):
+@pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
+def test_quantized_groups_cover_their_values(bits, group, coded):
     """Scales and mins (codes or float16) are rounded outwards: no weight is clipped, every one
     is within half a step of its float value."""
     weight = random_weight(64, 768) * torch.logspace(-3, 0, 768)  # groups of very different ranges
-    packed = packing.quantize_float(weight, bits, group)
+    packed = packing.quantize_float(weight, bits, group, coded)
     scale, _ = packing.group_params(packed)
     error = (packing.dequantize(packed) - weight).abs().view(64, -1, group).amax(dim=-1)
     assert (error <= scale * 0.5 * (1 + 1e-3) + 1e-7).all()
@@ -53,8 +57,12 @@ def test_quantized_groups_cover_their_values(bits, group):
 def test_pack_refuses_values_that_do_not_fit():
     with pytest.raises(ValueError, match="4 unsigned bits"):
         packing.pack(torch.full((32, 32), 16), torch.ones(32, 1), torch.zeros(32, 1), 4, 32, torch.ones(32, 1), torch.ones(32, 1))
-    with pytest.raises(ValueError, match="4-bit weights need steps"):
-        packing.pack(torch.zeros(32, 32), torch.ones(32, 1), torch.zeros(32, 1), 4, 32)
+    with pytest.raises(ValueError, match="6-bit weights need steps"):
+        packing.pack(torch.zeros(32, 32), torch.ones(32, 2), None, 6, 16)
+    with pytest.raises(ValueError, match="8-bit weights have no steps"):
+        packing.pack(torch.zeros(32, 32), torch.ones(32, 1), torch.zeros(32, 1), 8, 32, torch.ones(32, 1), torch.ones(32, 1))
+    with pytest.raises(ValueError, match="in 4 bits with groups of 16 and float16 scales"):
+        packing.pack(torch.zeros(32, 32), torch.ones(32, 2), torch.zeros(32, 2), 4, 16)
     with pytest.raises(ValueError, match="codes must lie within"):
         packing.pack(torch.zeros(32, 32), torch.full((32, 1), 128), torch.zeros(32, 1), 4, 32, torch.ones(32, 1), torch.ones(32, 1))
     with pytest.raises(ValueError, match="6-bit weights have no min"):
@@ -81,11 +89,11 @@ def built_linear(isa: str):
     return lambda x, packed: module.linear(x, *packed.tensors().values(), packed.group, packed.bits)
 
 
-@pytest.mark.parametrize(("bits", "group"), FORMATS)
+@pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
 @pytest.mark.parametrize("isa", BUILDS)
-def test_native_kernel_matches_reference(bits, group, isa):
+def test_native_kernel_matches_reference(bits, group, coded, isa):
     linear = built_linear(isa)
-    packed = packing.quantize_float(random_weight(96, 256), bits, group)
+    packed = packing.quantize_float(random_weight(96, 256), bits, group, coded)
     # many batches: one activation rounded differently (a tie, a different division) would show
     for seed in range(30):
         x = random_weight(11, 256, seed=100 + seed)
@@ -96,16 +104,16 @@ def test_native_kernel_matches_reference(bits, group, isa):
     assert (out - exact).abs().max() < 0.05 * exact.abs().max()
 
 
-@pytest.mark.parametrize(("bits", "group"), FORMATS)
+@pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
 @pytest.mark.parametrize("isa", OTHER_BUILDS)
-def test_every_build_gives_the_avx512_bits(bits, group, isa):
+def test_every_build_gives_the_avx512_bits(bits, group, coded, isa):
     """Every build runs the same integer products and float steps: bit-identical outputs, also at
     the extremes where AVX2's 16-bit pair sums would saturate (8-bit weights of 255 against
     activations of +-127, taken there as w - 128)."""
     avx512, other = built_linear("avx512"), built_linear(isa)
     weight = random_weight(64, 256, seed=4)
     weight[:32, :128] = torch.where(weight[:32, :128] > 0, 1.0, -1.0)  # groups of two values: q = 0 or the top
-    packed = packing.quantize_float(weight, bits, group)
+    packed = packing.quantize_float(weight, bits, group, coded)
     if bits == 8:
         assert (packing.unpack(packed) == 255).sum() > 1000
     x = random_weight(11, 256, seed=5)
@@ -114,21 +122,21 @@ def test_every_build_gives_the_avx512_bits(bits, group, isa):
         assert torch.equal(other(x[:rows], packed), avx512(x[:rows], packed))
 
 
-@pytest.mark.parametrize(("bits", "group"), FORMATS)
+@pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
 @pytest.mark.parametrize("path", [*BUILDS, "reference"])
-def test_linear_is_batch_invariant(bits, group, path):
+def test_linear_is_batch_invariant(bits, group, coded, path):
     """A row gives bit-identical outputs alone and inside batches of any size."""
     linear = packing.reference_linear if path == "reference" else built_linear(path)
-    packed = packing.quantize_float(random_weight(64, 128, seed=3), bits, group)
+    packed = packing.quantize_float(random_weight(64, 128, seed=3), bits, group, coded)
     x = torch.randn(17, 128) * torch.logspace(-2, 2, 17)[:, None]  # rows of very different scales
     alone = torch.cat([linear(x[i : i + 1], packed) for i in range(17)])
     for size in (2, 5, 8, 9, 16, 17):
         assert torch.equal(torch.cat([linear(x[i : i + size], packed) for i in range(0, 17, size)]), alone)
 
 
-@pytest.mark.parametrize(("bits", "group"), FORMATS)
-def test_embedding_rows_match_the_dequantized_weight(bits, group):
-    packed = packing.quantize_float(random_weight(80, 64), bits, group)
+@pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
+def test_embedding_rows_match_the_dequantized_weight(bits, group, coded):
+    packed = packing.quantize_float(random_weight(80, 64), bits, group, coded)
     for ids in (torch.tensor([0, 5, 17, 79, 5]), torch.tensor([5])):  # one id: a single tile of 16 rows
         expected = packing.dequantize(packed)[ids]
         assert torch.equal(kernel.rows(ids, packed), expected)
@@ -140,13 +148,14 @@ def random_blocks(qtype: GGMLQuantizationType, n_blocks: int, seed: int) -> np.n
     rng = np.random.default_rng(seed)
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
-    halves = {GGMLQuantizationType.Q6_K: [208], GGMLQuantizationType.Q4_K: [0, 2], GGMLQuantizationType.Q5_K: [0, 2]}
+    halves = {GGMLQuantizationType.Q6_K: [208], GGMLQuantizationType.Q4_K: [0, 2], GGMLQuantizationType.Q5_K: [0, 2],
+              GGMLQuantizationType.Q4_1: [0, 2], GGMLQuantizationType.Q5_1: [0, 2]}
     for offset in halves.get(qtype, [0]):
         blocks[:, offset : offset + 2] = rng.uniform(0.001, 0.1, n_blocks).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return blocks
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_gguf_blocks_repack_to_the_same_weights(qtype):
     qtype = GGMLQuantizationType[qtype]
     block_size = GGML_QUANT_SIZES[qtype][0]
@@ -156,10 +165,12 @@ def test_gguf_blocks_repack_to_the_same_weights(qtype):
     expected = torch.from_numpy(dequantize(data, qtype).reshape(n, k).astype(np.float32))
     # the block's own integers, codes and float16 steps: exact
     assert torch.equal(packing.dequantize(packed), expected)
-    if qtype in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K):
-        # about the GGUF's size: Q6_K exactly, Q4_K 4.625 bits per weight against 4.5 and Q5_K
-        # 5.625 against 5.5 (the kernel reads int8 codes where the K-quants pack 6 bits)
-        assert packed.nbytes <= data.nbytes * 1.03
+    # about the GGUF's size: Q6_K exactly, Q4_K 4.625 bits per weight against 4.5 and Q5_K 5.625
+    # against 5.5 (the kernel reads int8 codes where the K-quants pack 6 bits); Q4_0 and Q5_0 5 and
+    # 6 bits against 4.5 and 5.5 (a float16 min the block computes from its scale), Q4_1 and Q5_1
+    # exactly; Q8_0 8.5 bits as 9 (the same)
+    extra = {"Q4_0": 5 / 4.5, "Q5_0": 6 / 5.5, "Q8_0": 9 / 8.5}.get(qtype.name, 1.03)
+    assert packed.nbytes <= data.nbytes * extra
 
 
 def test_gguf_rows_follow_the_architecture_order():

@@ -1,15 +1,17 @@
 """GGUF quantized blocks -> (q, scale, min) groups, without dequantizing.
 
-Every block format the default pair uses is `w = scale * q - min` per group:
+The common block formats are all `w = scale * q - min` per group:
   Q4_K  4-bit q, scale = d*sc, min = dmin*m per 32   -> 4 bits, groups of 32, codes sc and m, steps d and dmin
   Q5_K  5-bit q, the same scales                      -> 5 bits, groups of 32, the same codes and steps
   Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 6 bits (symmetric, no min), groups of 16, codes sc, step d
-  Q5_0  5-bit q, w = d*(q-16) per 32                  -> 8 bits, groups of 32
-  Q8_0  int8 q, w = d*q per 32                        -> 8 bits (q+128), groups of 32
+  Q4_0  4-bit q, w = d*(q-8) per 32                   -> 4 bits, groups of 32, float16 scale d and min 8d
+  Q4_1  4-bit q, w = d*q + m per 32                   -> 4 bits, groups of 32, float16 scale d and min -m
+  Q5_0  5-bit q, w = d*(q-16) per 32                  -> 5 bits, groups of 32, float16 scale d and min 16d
+  Q5_1  5-bit q, w = d*q + m per 32                   -> 5 bits, groups of 32, float16 scale d and min -m
+  Q8_0  int8 q, w = d*q per 32                        -> 8 bits (q+128), groups of 32, float16 scale d and min 128d
 Other types (and float tensors) are dequantized and quantized to 8 bits, groups of 32.
-The 4-, 5- and 6-bit layouts keep the K-quants' own integer codes and float16 steps, so their
-weights are exact, as are Q5_0's and Q8_0's in 8 bits (their float16 scale per block of 32 is the
-8-bit layout's own).
+Every one of these keeps the block's own integers, codes and float16 numbers (d times a power of
+two is exact in float16), so the weights are exact.
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from gguf import dequantize
 
 from .packing import PackedWeight, pack, quantize_float
 
-# q [N, K] uint8, scale, min [N, K/G] (floats, or codes for 4 and 6 bits), bits, G, then the codes'
-# steps per super-block [N, K/256] for 4 and 6 bits
+# q [N, K] uint8, scale, min [N, K/G] (float16 values, or codes for the K-quants), bits, G, then the
+# codes' steps per super-block [N, K/256] (None for float16 values)
 Groups = tuple[np.ndarray, np.ndarray, np.ndarray | None, int, int, np.ndarray | None, np.ndarray | None]
 
 
@@ -62,12 +64,36 @@ def _q6_k(blocks: np.ndarray) -> Groups:
     return (ql | (qh << 4)).reshape(-1, 256), sc, None, 6, 16, _half(blocks[:, 208:210]), None
 
 
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """16 bytes per block of 32 -> the 4 low bits of each value: value j in the low nibble of
+    byte j, value j + 16 in its high nibble."""
+    return ((qs.reshape(-1, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F).reshape(-1, 32)
+
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """4 bytes per block of 32 -> each value's fifth bit (bit j of the little-endian word), at bit 4."""
+    bits = qh.copy().view(np.uint32).reshape(-1, 1) >> np.arange(32, dtype=np.uint32).reshape(1, 32)
+    return (bits & 0x01).astype(np.uint8) << 4
+
+
+def _q4_0(blocks: np.ndarray) -> Groups:
+    d = _half(blocks[:, 0:2])
+    return _nibbles(blocks[:, 2:18]), d, 8 * d, 4, 32, None, None
+
+
+def _q4_1(blocks: np.ndarray) -> Groups:
+    d, m = _half(blocks[:, 0:2]), _half(blocks[:, 2:4])
+    return _nibbles(blocks[:, 4:20]), d, -m, 4, 32, None, None
+
+
 def _q5_0(blocks: np.ndarray) -> Groups:
     d = _half(blocks[:, 0:2])
-    qh = blocks[:, 2:6].copy().view(np.uint32).reshape(-1, 1) >> np.arange(32, dtype=np.uint32).reshape(1, 32)
-    ql = blocks[:, 6:22].reshape(-1, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
-    q = (ql & 0x0F).reshape(-1, 32) | ((qh & 0x01).astype(np.uint8) << 4)
-    return q, d, 16 * d, 8, 32, None, None
+    return _nibbles(blocks[:, 6:22]) | _fifth_bits(blocks[:, 2:6]), d, 16 * d, 5, 32, None, None
+
+
+def _q5_1(blocks: np.ndarray) -> Groups:
+    d, m = _half(blocks[:, 0:2]), _half(blocks[:, 2:4])
+    return _nibbles(blocks[:, 8:24]) | _fifth_bits(blocks[:, 4:8]), d, -m, 5, 32, None, None
 
 
 def _q8_0(blocks: np.ndarray) -> Groups:
@@ -76,7 +102,8 @@ def _q8_0(blocks: np.ndarray) -> Groups:
     return q, d, 128 * d, 8, 32, None, None
 
 
-DECODERS = {T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.Q5_0: _q5_0, T.Q8_0: _q8_0}
+DECODERS = {T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1,
+            T.Q8_0: _q8_0}
 
 
 def packed_from_gguf(data: np.ndarray, qtype: T, shape: tuple[int, int], row_order: np.ndarray | None = None,

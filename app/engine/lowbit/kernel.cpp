@@ -1,5 +1,5 @@
 // Low-bit linear layers for the CPU: 4-, 5-, 6- or 8-bit unsigned weights with a scale and a min per
-// group of G inputs (w = scale * q - min), times activations quantized to int8 per row and per
+// group of G inputs (w = scale * q - min), both float16 ("plain") or int8 codes ("coded"), times activations quantized to int8 per row and per
 // group. Integer dot products do the work: AVX-512 VNNI where the CPU has it, else AVX2 (most
 // laptops: the same products in two 8-output halves of each tile, with the 256-bit VNNI
 // instruction where the CPU has AVX-VNNI (Intel since Alder Lake), else with maddubs and madd;
@@ -15,10 +15,11 @@
 //                                         (chunk 4h+j in bits 2j, 2j+1 of line C/2+h); 5-bit (G = 32
 //                                         only): the nibbles, then C/8 lines of top bits (chunk 8h+j
 //                                         in bit j of line C/2+h).
-//   scale       [N/16, K/G, 16]    fp16 (8 bits) or int8 codes (4, 5 and 6 bits)
+//   scale       [N/16, K/G, 16]    fp16 (plain: 8 bits; 4 and 5 bits with G = 32) or int8 codes
+//                                  (coded: 4, 5 and 6 bits)
 //   min         [N/16, K/G, 16]    as scale (empty for 6 bits: symmetric, min = 32 * scale)
 //   scale_step  [N/16, K/G/S, 16]  fp16: what a code of 1 stands for, per super-block of S groups
-//   min_step    [N/16, K/G/S, 16]  (both empty for 8 bits; min_step empty for 6 bits)
+//   min_step    [N/16, K/G/S, 16]  (both empty when plain; min_step empty for 6 bits)
 // A 32-bit lane of a 64-byte vector holds 4 consecutive inputs of one output, so one VNNI
 // instruction advances 16 outputs by 4 inputs against 4 broadcast activation bytes.
 #include "kernel.h"
@@ -31,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -59,9 +61,20 @@ struct Activations {
   }
 };
 
-// Bits whose scales and mins are int8 codes times a float16 step per super-block.
-template <int Bits>
-constexpr bool kCoded = Bits != 8;
+// Calls f(std::integral_constant<int, bits>{}, std::bool_constant<coded>{}) for one of the
+// formats the kernel has: coded 4, 5 and 6 bits; plain 8 bits, and plain 4 and 5 bits (GGUF's
+// Q4_0, Q4_1, Q5_0 and Q5_1 blocks), which check_params allows in groups of 32 only.
+template <typename F>
+void with_format(int64_t bits, bool coded, F&& f) {
+  using std::bool_constant;
+  using std::integral_constant;
+  if (bits == 4 && coded) f(integral_constant<int, 4>{}, bool_constant<true>{});
+  else if (bits == 4) f(integral_constant<int, 4>{}, bool_constant<false>{});
+  else if (bits == 5 && coded) f(integral_constant<int, 5>{}, bool_constant<true>{});
+  else if (bits == 5) f(integral_constant<int, 5>{}, bool_constant<false>{});
+  else if (bits == 6) f(integral_constant<int, 6>{}, bool_constant<true>{});
+  else f(integral_constant<int, 8>{}, bool_constant<false>{});
+}
 
 // 64-byte lines per group of `chunks` chunks (see the layout above).
 constexpr int64_t lines_per_group(int64_t chunks, int64_t bits) {
@@ -70,7 +83,7 @@ constexpr int64_t lines_per_group(int64_t chunks, int64_t bits) {
 
 // Where one tile's group scales and mins live.
 struct TileParams {
-  const void* scale;  // [groups, 16]: float16 (8 bits) or int8 codes
+  const void* scale;  // [groups, 16]: float16 (plain) or int8 codes
   const void* min;    // as scale; unused when symmetric
   const at::Half* scale_step;  // [super-blocks, 16] float16 (coded only)
   const at::Half* min_step;
@@ -83,7 +96,7 @@ struct WeightParams {
   const at::Half* scale_step;
   const at::Half* min_step;
   int64_t param_bytes, groups, steps;  // element size of scale/min; groups and super-blocks per tile row
-  int64_t per_step;  // groups per super-block (all of them when there are no steps: 8 bits)
+  int64_t per_step;  // groups per super-block (all of them when there are no steps: plain)
 
   WeightParams(const at::Tensor& scale_t, const at::Tensor& min_t, const at::Tensor& scale_step_t,
                const at::Tensor& min_step_t)
@@ -101,17 +114,24 @@ struct WeightParams {
   }
 };
 
-void check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
-                  const at::Tensor& min_step, int64_t bits) {
-  const bool coded = bits != 8;
-  TORCH_CHECK(scale.scalar_type() == (coded ? at::kChar : at::kHalf) && min.scalar_type() == scale.scalar_type(),
-              "scales and mins must be float16 (8 bits) or int8 codes (4, 5 and 6 bits)");
+// Checks the packed parameters; returns whether they are coded.
+bool check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
+                  const at::Tensor& min_step, int64_t group, int64_t bits) {
+  TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "bits must be 4, 5, 6 or 8");
+  TORCH_CHECK(bits != 5 || group == 32, "5-bit weights come in groups of 32");
+  const bool coded = scale.scalar_type() == at::kChar;
+  TORCH_CHECK((coded || scale.scalar_type() == at::kHalf) && min.scalar_type() == scale.scalar_type(),
+              "scales and mins must be float16 or int8 codes");
+  TORCH_CHECK(coded ? bits != 8 : bits != 6 && (bits == 8 || group == 32),
+              "coded scales are for 4, 5 and 6 bits, float16 ones for 8 bits and 4 or 5 bits in groups of 32");
   TORCH_CHECK(!coded || (scale_step.scalar_type() == at::kHalf && scale_step.size(1) > 0 &&
                          scale.size(1) % scale_step.size(1) == 0),
               "coded scales need float16 steps per super-block");
   TORCH_CHECK(bits == 6 || min.size(2) == scale.size(2), "this weight format needs its mins");
-  TORCH_CHECK((bits != 4 && bits != 5) || min_step.numel() == scale_step.numel(), "4- and 5-bit mins need their steps");
+  TORCH_CHECK(!coded || bits == 6 || min_step.numel() == scale_step.numel(), "coded 4- and 5-bit mins need their steps");
   for (const at::Tensor& t : {scale, min, scale_step, min_step}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
+  return coded;
 }
 
 // One group of activations quantized: its int8 step and the sum of its int8 values.
@@ -171,9 +191,9 @@ inline __m512 load_halves(const at::Half* p) {
 
 // The 16 outputs' values of group g: float16 as stored, or code times its super-block's step
 // (one float32 product, as packing.group_params computes it).
-template <int Bits>
+template <bool Coded>
 inline __m512 group_values(const void* values, __m512 step, int64_t g) {
-  if constexpr (!kCoded<Bits>) {
+  if constexpr (!Coded) {
     return load_halves(static_cast<const at::Half*>(values) + g * kTile);
   } else {
     const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(values) + g * kTile));
@@ -189,7 +209,7 @@ inline __m512 group_values(const void* values, __m512 step, int64_t g) {
 //
 // pass: which pass over this pair (of 4 rows each) this is; it decides what is prefetched. A
 // thread's pairs lie one after the other in memory, as do their scales and mins.
-template <int Rows, int Chunks, int Bits>
+template <int Rows, int Chunks, int Bits, bool Coded>
 __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
                                                 const TileParams& p1, int64_t groups, int64_t per_step, int pass,
                                                 const Activations& act, float* out, int64_t out_stride) {
@@ -198,7 +218,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
   // With one or two rows, a single accumulator per tile would chain every dot product of the
   // group on the previous one (latency bound); even and odd chunks then go to separate ones.
   constexpr int kChains = Rows <= 2 ? 2 : 1;
-  constexpr int64_t kParamBytes = kCoded<Bits> ? 1 : 2;  // per output and group
+  constexpr int64_t kParamBytes = Coded ? 1 : 2;  // per output and group
   constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytes / (kLines * 64));  // in groups
   const uint8_t* q1 = q + tile_bytes;
   __m512 acc0[Rows], acc1[Rows];
@@ -207,7 +227,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
   __m512 scale_step0, scale_step1, min_step0, min_step1;  // the current super-block's steps
   int64_t super_block = 0, in_super_block = 0;
   for (int64_t g = 0; g < groups; ++g) {
-    if constexpr (kCoded<Bits>) {
+    if constexpr (Coded) {
       if (in_super_block == 0) {
         scale_step0 = load_halves(tile0.scale_step + super_block * kTile);
         scale_step1 = load_halves(tile1.scale_step + super_block * kTile);
@@ -287,16 +307,16 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
         dot1[0][r] = _mm512_add_epi32(dot1[0][r], dot1[c][r]);
       }
     }
-    const __m512 w_scale0 = group_values<Bits>(tile0.scale, scale_step0, g);
-    const __m512 w_scale1 = group_values<Bits>(tile1.scale, scale_step1, g);
+    const __m512 w_scale0 = group_values<Coded>(tile0.scale, scale_step0, g);
+    const __m512 w_scale1 = group_values<Coded>(tile1.scale, scale_step1, g);
     for (int r = 0; r < Rows; ++r) {
       const __m512 a_step = _mm512_set1_ps(act.step[r * groups + g]);
       acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0[0][r]), _mm512_mul_ps(w_scale0, a_step), acc0[r]);
       acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1[0][r]), _mm512_mul_ps(w_scale1, a_step), acc1[r]);
     }
     if constexpr (!kSymmetric) {
-      const __m512 w_min0 = group_values<Bits>(tile0.min, min_step0, g);
-      const __m512 w_min1 = group_values<Bits>(tile1.min, min_step1, g);
+      const __m512 w_min0 = group_values<Coded>(tile0.min, min_step0, g);
+      const __m512 w_min1 = group_values<Coded>(tile1.min, min_step1, g);
       for (int r = 0; r < Rows; ++r) {
         const __m512 a_sum = _mm512_set1_ps(act.scaled_sum[r * groups + g]);
         acc0[r] = _mm512_fnmadd_ps(w_min0, a_sum, acc0[r]);
@@ -314,27 +334,19 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
   }
 }
 
-template <int Chunks, int Bits>
+template <int Chunks, int Bits, bool Coded>
 void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
                  int64_t groups, int64_t per_step, int pass, const Activations& act, float* out, int64_t out_stride) {
-#define SPECCHAT_ROWS(R)                                                                                   \
-  case R:                                                                                                  \
-    return tile_pair_kernel<R, Chunks, Bits>(q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
+#define SPECCHAT_ROWS(R)                                                                                          \
+  case R:                                                                                                         \
+    return tile_pair_kernel<R, Chunks, Bits, Coded>(q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
   switch (rows) { SPECCHAT_ROWS(1) SPECCHAT_ROWS(2) SPECCHAT_ROWS(3) SPECCHAT_ROWS(4) }
 #undef SPECCHAT_ROWS
 }
 
-template <int Bits>
-void rows_kernel(int64_t group, int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
-                 const TileParams& p1, int64_t groups, int64_t per_step, int pass, const Activations& act,
-                 float* out, int64_t out_stride) {
-  if (Bits == 5 || group == 32) rows_kernel<8, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
-  else if constexpr (Bits != 5) rows_kernel<4, Bits>(rows, q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
-}
-
 // Output tiles t and t + 1 of every row: out [rows, n] gets their 32 columns.
 void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, const WeightParams& params,
-                   int64_t group, int64_t bits, const Activations& act, float* out, int64_t n) {
+                   int64_t group, int64_t bits, bool coded, const Activations& act, float* out, int64_t n) {
   const TileParams p0 = params.tile(t), p1 = params.tile(t + 1);
   const int64_t groups = params.groups;
   for (int r0 = 0; r0 < rows; r0 += kMaxRows) {
@@ -343,10 +355,15 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
     const uint8_t* tq = q + t * tile_bytes;
     const Activations block_act = act.from_row(r0, groups);
     float* to = out + r0 * n + t * kTile;
-    if (bits == 4) rows_kernel<4>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
-    else if (bits == 5) rows_kernel<5>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
-    else if (bits == 6) rows_kernel<6>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
-    else rows_kernel<8>(group, block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
+    with_format(bits, coded, [&](auto bits_c, auto coded_c) {
+      constexpr int kBits = decltype(bits_c)::value;
+      constexpr bool kCoded = decltype(coded_c)::value;
+      if (kBits == 5 || group == 32) {
+        rows_kernel<8, kBits, kCoded>(block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
+      } else if constexpr (kBits != 5 && (kCoded || kBits == 8)) {  // plain 4 bits: groups of 32 only
+        rows_kernel<4, kBits, kCoded>(block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
+      }
+    });
   }
 }
 
@@ -438,9 +455,9 @@ inline __m256 load_halves(const at::Half* p) {
 }
 
 // The 8 outputs' values of group g in half `half`, as the AVX-512 group_values.
-template <int Bits>
+template <bool Coded>
 inline __m256 group_values(const void* values, __m256 step, int64_t g, int half) {
-  if constexpr (!kCoded<Bits>) {
+  if constexpr (!Coded) {
     return load_halves(static_cast<const at::Half*>(values) + g * kTile + half * 8);
   } else {
     const int8_t* codes = static_cast<const int8_t*>(values) + g * kTile + half * 8;
@@ -451,7 +468,7 @@ inline __m256 group_values(const void* values, __m256 step, int64_t g, int half)
 // One 16-output tile against `Rows` activation rows, over all K, in two halves of 8 outputs.
 // Every output gets the AVX-512 kernel's integers and float steps, in the same order: the same
 // bits, and batch invariance. Never inlined, as there.
-template <int Rows, int Chunks, int Bits>
+template <int Rows, int Chunks, int Bits, bool Coded>
 __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                                            const Activations& act, float* out, int64_t out_stride) {
   constexpr int kLines = lines_per_group(Chunks, Bits);
@@ -462,7 +479,7 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
   __m256 scale_step[2], min_step[2];
   int64_t super_block = 0, in_super_block = 0;
   for (int64_t g = 0; g < groups; ++g) {
-    if constexpr (kCoded<Bits>) {
+    if constexpr (Coded) {
       if (in_super_block == 0) {
         for (int h = 0; h < 2; ++h) {
           scale_step[h] = load_halves(tile.scale_step + super_block * kTile + h * 8);
@@ -513,13 +530,13 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 w_scale = group_values<Bits>(tile.scale, scale_step[h], g, h);
+      const __m256 w_scale = group_values<Coded>(tile.scale, scale_step[h], g, h);
       for (int r = 0; r < Rows; ++r) {
         const __m256 a_step = _mm256_set1_ps(act.step[r * groups + g]);
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), _mm256_mul_ps(w_scale, a_step), acc[r][h]);
       }
       if constexpr (!kSymmetric) {
-        const __m256 w_min = group_values<Bits>(tile.min, min_step[h], g, h);
+        const __m256 w_min = group_values<Coded>(tile.min, min_step[h], g, h);
         for (int r = 0; r < Rows; ++r) {
           acc[r][h] = _mm256_fnmadd_ps(w_min, _mm256_set1_ps(act.scaled_sum[r * groups + g]), acc[r][h]);
         }
@@ -536,23 +553,16 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
   }
 }
 
-template <int Chunks, int Bits>
+template <int Chunks, int Bits, bool Coded>
 void tile_rows(int rows, const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                const Activations& act, float* out, int64_t out_stride) {
-  if (rows == 1) tile_kernel<1, Chunks, Bits>(q, tile, groups, per_step, act, out, out_stride);
-  else tile_kernel<2, Chunks, Bits>(q, tile, groups, per_step, act, out, out_stride);
-}
-
-template <int Bits>
-void tile_rows(int64_t group, int rows, const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
-               const Activations& act, float* out, int64_t out_stride) {
-  if (Bits == 5 || group == 32) tile_rows<8, Bits>(rows, q, tile, groups, per_step, act, out, out_stride);
-  else if constexpr (Bits != 5) tile_rows<4, Bits>(rows, q, tile, groups, per_step, act, out, out_stride);
+  if (rows == 1) tile_kernel<1, Chunks, Bits, Coded>(q, tile, groups, per_step, act, out, out_stride);
+  else tile_kernel<2, Chunks, Bits, Coded>(q, tile, groups, per_step, act, out, out_stride);
 }
 
 // Output tiles t and t + 1 of every row: out [rows, n] gets their 32 columns.
 void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, const WeightParams& params,
-                   int64_t group, int64_t bits, const Activations& act, float* out, int64_t n) {
+                   int64_t group, int64_t bits, bool coded, const Activations& act, float* out, int64_t n) {
   const int64_t groups = params.groups;
   for (int64_t tile = t; tile < t + 2; ++tile) {
     const TileParams p = params.tile(tile);
@@ -561,10 +571,15 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
       const uint8_t* tq = q + tile * tile_bytes;
       const Activations block_act = act.from_row(r0, groups);
       float* to = out + r0 * n + tile * kTile;
-      if (bits == 4) tile_rows<4>(group, block, tq, p, groups, params.per_step, block_act, to, n);
-      else if (bits == 5) tile_rows<5>(group, block, tq, p, groups, params.per_step, block_act, to, n);
-      else if (bits == 6) tile_rows<6>(group, block, tq, p, groups, params.per_step, block_act, to, n);
-      else tile_rows<8>(group, block, tq, p, groups, params.per_step, block_act, to, n);
+      with_format(bits, coded, [&](auto bits_c, auto coded_c) {
+        constexpr int kBits = decltype(bits_c)::value;
+        constexpr bool kCoded = decltype(coded_c)::value;
+        if (kBits == 5 || group == 32) {
+          tile_rows<8, kBits, kCoded>(block, tq, p, groups, params.per_step, block_act, to, n);
+        } else if constexpr (kBits != 5 && (kCoded || kBits == 8)) {  // plain 4 bits: groups of 32 only
+          tile_rows<4, kBits, kCoded>(block, tq, p, groups, params.per_step, block_act, to, n);
+        }
+      });
     }
   }
 }
@@ -600,10 +615,7 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
 at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
                   at::Tensor min_step, int64_t group, int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
-  TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "bits must be 4, 5, 6 or 8");
-  TORCH_CHECK(bits != 5 || group == 32, "5-bit weights come in groups of 32");
-  check_params(scale, min, scale_step, min_step, bits);
+  const bool coded = check_params(scale, min, scale_step, min_step, group, bits);
   x = x.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), tiles = scale.size(0), groups = k / group;
   TORCH_CHECK(k % group == 0 && scale.size(1) == groups, "K does not match the packed weight");
@@ -619,7 +631,7 @@ at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, 
                              act.sum.data_ptr<int32_t>(), k};
   at::parallel_for(0, tiles / 2, 1, [&](int64_t begin, int64_t end) {
     for (int64_t pair = begin; pair < end; ++pair) {
-      pair_products(2 * pair, static_cast<int>(rows), q_ptr, tile_bytes, params, group, bits, all_rows, out_ptr, n);
+      pair_products(2 * pair, static_cast<int>(rows), q_ptr, tile_bytes, params, group, bits, coded, all_rows, out_ptr, n);
     }
   });
   return out;
@@ -628,10 +640,9 @@ at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, 
 // The float rows of the weight for the given output indices (embedding lookup): [len(ids), K].
 at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
                 at::Tensor min_step, int64_t group, int64_t bits) {
-  check_params(scale, min, scale_step, min_step, bits);
+  const bool coded = check_params(scale, min, scale_step, min_step, group, bits);
   const int64_t tiles = scale.size(0), groups = scale.size(1), k = groups * group, chunks = group / 4;
   const int64_t tile_bytes = q.numel() / tiles;
-  TORCH_CHECK(bits != 5 || group == 32, "5-bit weights come in groups of 32");
   const int64_t lines = lines_per_group(chunks, bits);
   ids = ids.contiguous().to(at::kLong);
   at::Tensor out = at::empty({ids.numel(), k}, at::kFloat);
@@ -640,7 +651,7 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
   const WeightParams params(scale, min, scale_step, min_step);
   // One group's value for one output, as group_values computes it
   const auto value_of = [&](const uint8_t* values, const at::Half* steps, int64_t g, int64_t lane) {
-    if (bits == 8) return static_cast<float>(reinterpret_cast<const at::Half*>(values)[g * kTile + lane]);
+    if (!coded) return static_cast<float>(reinterpret_cast<const at::Half*>(values)[g * kTile + lane]);
     return static_cast<float>(reinterpret_cast<const int8_t*>(values)[g * kTile + lane]) *
            static_cast<float>(steps[(g / params.per_step) * kTile + lane]);
   };

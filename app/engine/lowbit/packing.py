@@ -4,12 +4,14 @@ A weight [N, K] is stored as unsigned integers q (4, 5, 6 or 8 bits) with a scal
 group of `group` inputs: w = scale * q - min. 6-bit weights are symmetric (w = scale * (q - 32),
 as GGUF's Q6_K): their min is 32 * scale and is not stored.
 
-8-bit weights keep each group's scale and min as float16. For 4, 5 and 6 bits, where that would
-cost a whole bit per weight, they are int8 codes times a float16 step per super-block of
-groups (256 inputs where K allows), as GGUF's K-quants store them: 4.625 bits per weight for
-4-bit groups of 32, 5.625 for 5-bit groups of 32 (groups of 32 only), 6.5625 for 6-bit groups
-of 16. GGUF's Q4_K, Q5_K, Q5_0, Q6_K and Q8_0 blocks are all of these forms, so they repack
-without changing a single weight (see gguf_weights.py); float weights are quantized into them.
+Each group's scale and min are either float16 ("plain" parameters: 8 bits, and 4 or 5 bits in
+groups of 32, as GGUF's Q4_0, Q4_1, Q5_0 and Q5_1 blocks store them: 5 and 6 bits per weight), or
+int8 codes times a float16 step per super-block of groups (256 inputs where K allows), as GGUF's
+K-quants store them ("coded": 4, 5 and 6 bits, where float16 would cost a whole bit per weight:
+4.625 bits per weight for 4-bit groups of 32, 5.625 for 5-bit groups of 32, 6.5625 for 6-bit
+groups of 16). GGUF's Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are all of these
+forms, so they repack without changing a single weight (see gguf_weights.py); float weights are
+quantized into the coded forms (8 bits: plain).
 
 Activations are quantized to int8 per row and per group (a step of max|x| / 127), so the
 product of one row never depends on the other rows in the batch.
@@ -24,16 +26,17 @@ import torch
 TILE = 16  # outputs per tile: one 64-byte vector holds 16 outputs x 4 inputs
 ROWS_MULTIPLE = 2 * TILE  # the kernel works on pairs of tiles; weights are padded with zero rows
 SYMMETRIC_OFFSET = {6: 32}  # bits -> the integer that stands for 0 where the min is not stored
-CODED_BITS = (4, 5, 6)  # scales and mins as int8 codes times a float16 step per super-block
+CODED_BITS = (4, 5, 6)  # may hold scales and mins as int8 codes times a float16 step per super-block
+PLAIN_BITS = (4, 5, 8)  # may hold them as float16 per group (4 and 5 bits: groups of 32 only)
 CODE_MAX = 127
 
 
 @dataclass
 class PackedWeight:
     q: torch.Tensor  # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), chunks/2 (4-bit), 5*chunks/8 (5-bit), 3*chunks/4 (6-bit)
-    scale: torch.Tensor  # [N/16, K/group, 16]: float16 (8-bit), int8 codes (4, 5, 6-bit)
+    scale: torch.Tensor  # [N/16, K/group, 16]: float16 (plain) or int8 codes (coded)
     min: torch.Tensor  # as scale; [N/16, K/group, 0] when symmetric (6-bit)
-    scale_step: torch.Tensor  # float16 [N/16, K/super-block, 16]: what a scale code of 1 stands for ([.., 0, 16] for 8-bit)
+    scale_step: torch.Tensor  # float16 [N/16, K/super-block, 16]: what a scale code of 1 stands for ([.., 0, 16] when plain)
     min_step: torch.Tensor  # float16 as scale_step, for the min codes (empty for 8 and 6 bits)
     bits: int  # 4, 5, 6 or 8
     group: int  # 16 or 32 inputs per scale
@@ -43,6 +46,11 @@ class PackedWeight:
     @property
     def out_features(self) -> int:
         return self.scale.shape[0] * TILE
+
+    @property
+    def coded(self) -> bool:
+        """Scales and mins as int8 codes times a step per super-block (else float16 per group)."""
+        return self.scale.dtype == torch.int8
 
     @property
     def in_features(self) -> int:
@@ -68,16 +76,20 @@ def super_block_groups(in_features: int, group: int) -> int:
 def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: int, group: int,
          scale_step: torch.Tensor | None = None, min_step: torch.Tensor | None = None) -> PackedWeight:
     """q [N, K] integers in [0, 2**bits) -> the kernel's layout (N padded with zero rows to a
-    multiple of 32). 8 bits: scale, min_ [N, K/group] float. 4, 5 and 6 bits: scale, min_ [N, K/group]
-    int8 codes and scale_step, min_step [N, K/(group * super_block_groups)] float. Symmetric
-    6 bits: min_ and min_step None."""
+    multiple of 32). Plain (no steps: 8 bits, 4 and 5 bits in groups of 32): scale, min_
+    [N, K/group] float. Coded (4, 5 and 6 bits): scale, min_ [N, K/group] int8 codes and
+    scale_step, min_step [N, K/(group * super_block_groups)] float. Symmetric 6 bits: min_ and
+    min_step None."""
     if (min_ is None) != (bits in SYMMETRIC_OFFSET):
         raise ValueError(f"{bits}-bit weights {'have no' if bits in SYMMETRIC_OFFSET else 'need a'} min")
-    if (scale_step is None) == (bits in CODED_BITS):
-        raise ValueError(f"{bits}-bit weights {'need' if bits in CODED_BITS else 'have no'} steps per super-block")
+    coded = scale_step is not None
+    if bits not in (CODED_BITS if coded else PLAIN_BITS):
+        raise ValueError(f"{bits}-bit weights {'have no' if coded else 'need'} steps per super-block")
     n, k = q.shape
-    if k % group or group not in (16, 32) or bits not in (4, 5, 6, 8) or (bits == 5 and group != 32):
-        raise ValueError(f"cannot pack a [{n}, {k}] weight in {bits} bits with groups of {group}")
+    if k % group or group not in (16, 32) or bits not in (4, 5, 6, 8) or (bits == 5 and group != 32) \
+            or (not coded and bits < 8 and group != 32):
+        raise ValueError(f"cannot pack a [{n}, {k}] weight in {bits} bits with groups of {group}"
+                         f"{'' if coded else ' and float16 scales'}")
     if int(q.max()) >= 1 << bits or int(q.min()) < 0:
         raise ValueError(f"values do not fit in {bits} unsigned bits")
     pad = -n % ROWS_MULTIPLE
@@ -86,7 +98,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
     n += pad
     chunks = group // 4
     tiled = q.to(torch.uint8).reshape(n // TILE, TILE, k // group, chunks, 4).permute(0, 2, 3, 1, 4)
-    if bits in CODED_BITS:  # low nibbles: chunk 2p in the low half of line p, chunk 2p+1 in the high half
+    if bits < 8:  # low nibbles: chunk 2p in the low half of line p, chunk 2p+1 in the high half
         pairs = (tiled & 0x0F).reshape(n // TILE, k // group, chunks // 2, 2, TILE, 4)
         lines = [pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)]
         if bits > 4:  # then the top bits of chunk (8 / top bits) h + j in bits of line h, from bit j * top bits
@@ -100,7 +112,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
         tiled = torch.cat(lines, dim=2)
     per_tile = lambda t, dtype: (torch.empty(n // TILE, k // group, 0, dtype=dtype) if t is None else
                                  t.reshape(n // TILE, TILE, -1).transpose(1, 2).to(dtype).contiguous())
-    if bits in CODED_BITS:
+    if coded:
         for codes in (scale, min_):
             if codes is not None and (codes.abs() > CODE_MAX).any():
                 raise ValueError(f"scale and min codes must lie within +-{CODE_MAX}")
@@ -120,7 +132,7 @@ def unpack(weight: PackedWeight) -> torch.Tensor:
     """The packed integers back as q [N, K] uint8."""
     tiles, groups = weight.scale.shape[:2]
     tiled = weight.q
-    if weight.bits in CODED_BITS:
+    if weight.bits < 8:
         nibble_lines = weight.group // 8
         nibbles = tiled[:, :, :nibble_lines]
         low = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=3).flatten(2, 3)
@@ -138,7 +150,7 @@ def group_params(weight: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """scale, min as float32 [N, K/group] (code times step, one float32 product, as the kernel)."""
     as_rows = lambda t: t.float().transpose(1, 2).reshape(weight.out_features, -1).contiguous()
     scale, min_ = as_rows(weight.scale), as_rows(weight.min) if weight.min.shape[2] else None
-    if weight.bits in CODED_BITS:
+    if weight.coded:
         repeat = super_block_groups(weight.in_features, weight.group)
         scale = scale * as_rows(weight.scale_step).repeat_interleave(repeat, dim=1)
         if min_ is not None:
@@ -173,9 +185,11 @@ def _half_at_least(values: torch.Tensor) -> torch.Tensor:
     return torch.where(half.float() < values, up, half).float()
 
 
-def quantize_float(weight: torch.Tensor, bits: int, group: int = 32) -> PackedWeight:
+def quantize_float(weight: torch.Tensor, bits: int, group: int = 32, coded: bool | None = None) -> PackedWeight:
     """A float weight [N, K] into `bits`-bit groups (min-max, rounded to nearest; symmetric
-    around the offset for 6 bits; 4 and 6 bits with coded scales and mins)."""
+    around the offset for 6 bits). coded: scales and mins as codes (the default for 4, 5 and 6
+    bits) or float16 (8 bits; 4 and 5 bits on request)."""
+    coded = bits in CODED_BITS if coded is None else coded
     n, k = weight.shape
     grouped = weight.detach().float().reshape(n, k // group, group)
     offset = SYMMETRIC_OFFSET.get(bits)
@@ -188,7 +202,7 @@ def quantize_float(weight: torch.Tensor, bits: int, group: int = 32) -> PackedWe
         q = torch.round(grouped / safe[..., None]).clamp(-offset, offset - 1) + offset
         return pack(q.reshape(n, k), scale_codes, None, bits, group, scale_step)
     low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
-    if bits in CODED_BITS:
+    if coded:
         # The min first (rounded up: the grid starts at or below the group's lowest value), then
         # the scale that reaches the group's highest value from there.
         min_codes, min_step = _codes(-low, per_step)
@@ -200,7 +214,7 @@ def quantize_float(weight: torch.Tensor, bits: int, group: int = 32) -> PackedWe
         scale = _half_at_least((high + min_) / levels)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round((grouped + min_[..., None]) / safe[..., None]).clamp(0, levels).reshape(n, k)
-    if bits in CODED_BITS:
+    if coded:
         return pack(q, scale_codes, min_codes, bits, group, scale_step, min_step)
     return pack(q, scale, min_, bits, group)
 

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 LAYOUT = "lowbit.json"
 WEIGHTS = "lowbit.safetensors"
-FORMAT = 5  # bump when the packed layout changes, so old caches are rebuilt (4: coded 4- and 6-bit scales; 5: Q5_K in 5 bits)
+FORMAT = 6  # bump when the packed layout changes, so old caches are rebuilt (4: coded 4- and 6-bit scales; 5: Q5_K in 5 bits;
+# 6: Q4_0, Q4_1, Q5_0 and Q5_1 in 4 and 5 bits)
 
 
 def is_complete(folder: Path) -> bool:
