@@ -149,13 +149,14 @@ def random_blocks(qtype: GGMLQuantizationType, n_blocks: int, seed: int) -> np.n
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
     halves = {GGMLQuantizationType.Q6_K: [208], GGMLQuantizationType.Q4_K: [0, 2], GGMLQuantizationType.Q5_K: [0, 2],
-              GGMLQuantizationType.Q4_1: [0, 2], GGMLQuantizationType.Q5_1: [0, 2]}
+              GGMLQuantizationType.Q4_1: [0, 2], GGMLQuantizationType.Q5_1: [0, 2],
+              GGMLQuantizationType.Q2_K: [80, 82], GGMLQuantizationType.Q3_K: [108]}
     for offset in halves.get(qtype, [0]):
         blocks[:, offset : offset + 2] = rng.uniform(0.001, 0.1, n_blocks).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return blocks
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_gguf_blocks_repack_to_the_same_weights(qtype):
     qtype = GGMLQuantizationType[qtype]
     block_size = GGML_QUANT_SIZES[qtype][0]
@@ -168,8 +169,9 @@ def test_gguf_blocks_repack_to_the_same_weights(qtype):
     # about the GGUF's size: Q6_K exactly, Q4_K 4.625 bits per weight against 4.5 and Q5_K 5.625
     # against 5.5 (the kernel reads int8 codes where the K-quants pack 6 bits); Q4_0 and Q5_0 5 and
     # 6 bits against 4.5 and 5.5 (a float16 min the block computes from its scale), Q4_1 and Q5_1
-    # exactly; Q8_0 8.5 bits as 9 (the same)
-    extra = {"Q4_0": 5 / 4.5, "Q5_0": 6 / 5.5, "Q8_0": 9 / 8.5}.get(qtype.name, 1.03)
+    # exactly; Q8_0 8.5 bits as 9 (the same); Q2_K and Q3_K 2.625 and 3.4375 bits as 5.125 (4-bit
+    # groups of 16 with two codes each: the kernel has no 2- or 3-bit layout)
+    extra = {"Q4_0": 5 / 4.5, "Q5_0": 6 / 5.5, "Q8_0": 9 / 8.5, "Q2_K": 5.125 / 2.625, "Q3_K": 5.125 / 3.4375}.get(qtype.name, 1.03)
     assert packed.nbytes <= data.nbytes * extra
 
 

@@ -4,12 +4,14 @@ The common block formats are all `w = scale * q - min` per group:
   Q4_K  4-bit q, scale = d*sc, min = dmin*m per 32   -> 4 bits, groups of 32, codes sc and m, steps d and dmin
   Q5_K  5-bit q, the same scales                      -> 5 bits, groups of 32, the same codes and steps
   Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 6 bits (symmetric, no min), groups of 16, codes sc, step d
+  Q3_K  3-bit q, w = d*sc*(q-4) per 16                -> 4 bits, groups of 16, codes sc and sc, steps d and 4d
+  Q2_K  2-bit q, w = d*sc*q - dmin*m per 16           -> 4 bits, groups of 16, codes sc and m, steps d and dmin
   Q4_0  4-bit q, w = d*(q-8) per 32                   -> 4 bits, groups of 32, float16 scale d and min 8d
   Q4_1  4-bit q, w = d*q + m per 32                   -> 4 bits, groups of 32, float16 scale d and min -m
   Q5_0  5-bit q, w = d*(q-16) per 32                  -> 5 bits, groups of 32, float16 scale d and min 16d
   Q5_1  5-bit q, w = d*q + m per 32                   -> 5 bits, groups of 32, float16 scale d and min -m
   Q8_0  int8 q, w = d*q per 32                        -> 8 bits (q+128), groups of 32, float16 scale d and min 128d
-Other types (and float tensors) are dequantized and quantized to 8 bits, groups of 32.
+Other types (the IQ formats; float tensors) are dequantized and quantized to 8 bits, groups of 32.
 Every one of these keeps the block's own integers, codes and float16 numbers (d times a power of
 two is exact in float16), so the weights are exact.
 """
@@ -53,6 +55,25 @@ def _q5_k(blocks: np.ndarray) -> Groups:
     ql = blocks[:, 48:176].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     q = (ql & 0x0F).reshape(-1, 8, 32) | ((qh & 0x01) << 4)
     return q.reshape(-1, 256), sc, mn, 5, 32, d, dmin
+
+
+def _q2_k(blocks: np.ndarray) -> Groups:
+    sc, mn = blocks[:, 0:16] & 0x0F, blocks[:, 0:16] >> 4
+    q = (blocks[:, 16:80].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
+    return q.reshape(-1, 256), sc, mn, 4, 16, _half(blocks[:, 80:82]), _half(blocks[:, 82:84])
+
+
+def _q3_k(blocks: np.ndarray) -> Groups:
+    """Signed 6-bit scales; each value's third bit is set in hmask where it has no -4 offset."""
+    packed = blocks[:, 96:108]
+    low = (packed[:, 0:8].reshape(-1, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)).reshape(-1, 16) & 0x0F
+    high = (packed[:, 8:12].reshape(-1, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(-1, 16) & 0x03
+    sc = (low | (high << 4)).astype(np.int8) - 32
+    ql = (blocks[:, 32:96].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
+    qh = (blocks[:, 0:32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 0x01
+    q = ql.reshape(-1, 256) | (qh.reshape(-1, 256) << 2)  # w = d*sc*(q-4): scale d*sc, min 4d*sc
+    d = _half(blocks[:, 108:110])
+    return q, sc, sc, 4, 16, d, 4 * d
 
 
 def _q6_k(blocks: np.ndarray) -> Groups:
@@ -102,7 +123,7 @@ def _q8_0(blocks: np.ndarray) -> Groups:
     return q, d, 128 * d, 8, 32, None, None
 
 
-DECODERS = {T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1,
+DECODERS = {T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1,
             T.Q8_0: _q8_0}
 
 
