@@ -8,17 +8,25 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
 
 from app.engine.engine import SpeculativeEngine
 from app.engine.lowbit import kernel, packing
-from app.engine.lowbit.gguf_weights import packed_from_gguf
+from app.engine.lowbit.gguf_weights import IQ4_VALUES, packed_from_gguf
 from app.engine.lowbit.modules import LowBitLinear, quantize_model
 from app.engine.models import LoadedModel, Precision, load_model
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model, wide_low_bit
 
 # bits, group, coded (int8 codes times float16 steps; else float16 per group, as GGUF's Q4_0, Q4_1,
-# Q5_0, Q5_1 and Q8_0)
-FORMATS = [(4, 32, True), (8, 32, False), (8, 16, False), (4, 16, True), (6, 16, True), (6, 32, True), (5, 32, True),
-           (4, 32, False), (5, 32, False)]
-FORMAT_NAMES = ("bits", "group", "coded")
+# Q5_0, Q5_1 and Q8_0), symmetric (no min: w = scale * (q - 2^(bits-1)), as Q6_K, Q4_0, Q5_0, Q8_0),
+# mapped (4-bit integers stand for IQ4_NL's 16 values: as IQ4_NL plain, IQ4_XS coded)
+FORMATS = [(4, 32, True, False, False), (8, 32, False, False, False), (8, 16, False, False, False),
+           (4, 16, True, False, False), (6, 16, True, True, False), (6, 32, True, True, False), (5, 32, True, False, False),
+           (4, 32, False, False, False), (5, 32, False, False, False), (4, 32, False, True, False),
+           (5, 32, False, True, False), (8, 32, False, True, False), (8, 16, False, True, False),
+           (4, 32, False, True, True), (4, 32, True, True, True)]
+FORMAT_NAMES = ("bits", "group", "coded", "symmetric", "mapped")
+
+
+def quantized(weight: torch.Tensor, bits, group, coded, symmetric, mapped) -> packing.PackedWeight:
+    return packing.quantize_float(weight, bits, group, coded, symmetric, IQ4_VALUES if mapped else None)
 
 
 def random_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -26,7 +34,7 @@ def random_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
-def test_pack_round_trip(bits, group, coded):
+def test_pack_round_trip(bits, group, coded, symmetric, mapped):
     q = torch.randint(0, 1 << bits, (48, 64), dtype=torch.uint8)  # 48 rows: padded to 64
     per_input = lambda t: t.repeat_interleave(64 // t.shape[1], 1)
     if coded:  # int8 codes per group times a float16 step per super-block
@@ -36,22 +44,26 @@ def test_pack_round_trip(bits, group, coded):
     else:
         scale, min_ = torch.rand(48, 64 // group), torch.rand(48, 64 // group)
         steps, scale_value, min_value = (None, None), scale.half().float(), min_.half().float()
-    if bits == 6:  # symmetric: w = scale * (q - 32), no min stored
-        min_, steps, min_value = None, (steps[0], None), 32 * scale_value
-    packed = packing.pack(q, scale, min_, bits, group, *steps)
-    assert packed.out_features == 64 and packed.coded == coded and torch.equal(packing.unpack(packed)[:48], q)
-    assert torch.equal(packing.dequantize(packed)[:48], per_input(scale_value) * q.float() - per_input(min_value))
+    value_bits = 8 if mapped else bits
+    if symmetric:  # w = scale * (value - 2^(value bits - 1)), no min stored
+        min_, steps, min_value = None, (steps[0], None), 2 ** (value_bits - 1) * scale_value
+    packed = packing.pack(q, scale, min_, bits, group, *steps, values=IQ4_VALUES if mapped else None)
+    assert packed.out_features == 64 and (packed.coded, packed.symmetric, packed.mapped) == (coded, symmetric, mapped)
+    assert torch.equal(packing.unpack(packed)[:48], q)
+    values = IQ4_VALUES[q.long()].float() if mapped else q.float()
+    assert torch.equal(packing.dequantize(packed)[:48], per_input(scale_value) * values - per_input(min_value))
 
 
 @pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
-def test_quantized_groups_cover_their_values(bits, group, coded):
+def test_quantized_groups_cover_their_values(bits, group, coded, symmetric, mapped):
     """Scales and mins (codes or float16) are rounded outwards: no weight is clipped, every one
-    is within half a step of its float value."""
+    is within half a step of its float value (mapped: half the widest gap between two values)."""
     weight = random_weight(64, 768) * torch.logspace(-3, 0, 768)  # groups of very different ranges
-    packed = packing.quantize_float(weight, bits, group, coded)
+    packed = quantized(weight, bits, group, coded, symmetric, mapped)
     scale, _ = packing.group_params(packed)
     error = (packing.dequantize(packed) - weight).abs().view(64, -1, group).amax(dim=-1)
-    assert (error <= scale * 0.5 * (1 + 1e-3) + 1e-7).all()
+    step = IQ4_VALUES.diff().max() if mapped else 1
+    assert (error <= scale * step * 0.5 * (1 + 1e-3) + 1e-7).all()
 
 
 def test_pack_refuses_values_that_do_not_fit():
@@ -91,9 +103,9 @@ def built_linear(isa: str):
 
 @pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
 @pytest.mark.parametrize("isa", BUILDS)
-def test_native_kernel_matches_reference(bits, group, coded, isa):
+def test_native_kernel_matches_reference(bits, group, coded, symmetric, mapped, isa):
     linear = built_linear(isa)
-    packed = packing.quantize_float(random_weight(96, 256), bits, group, coded)
+    packed = quantized(random_weight(96, 256), bits, group, coded, symmetric, mapped)
     # many batches: one activation rounded differently (a tie, a different division) would show
     for seed in range(30):
         x = random_weight(11, 256, seed=100 + seed)
@@ -106,14 +118,14 @@ def test_native_kernel_matches_reference(bits, group, coded, isa):
 
 @pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
 @pytest.mark.parametrize("isa", OTHER_BUILDS)
-def test_every_build_gives_the_avx512_bits(bits, group, coded, isa):
+def test_every_build_gives_the_avx512_bits(bits, group, coded, symmetric, mapped, isa):
     """Every build runs the same integer products and float steps: bit-identical outputs, also at
     the extremes where AVX2's 16-bit pair sums would saturate (8-bit weights of 255 against
     activations of +-127, taken there as w - 128)."""
     avx512, other = built_linear("avx512"), built_linear(isa)
     weight = random_weight(64, 256, seed=4)
     weight[:32, :128] = torch.where(weight[:32, :128] > 0, 1.0, -1.0)  # groups of two values: q = 0 or the top
-    packed = packing.quantize_float(weight, bits, group, coded)
+    packed = quantized(weight, bits, group, coded, symmetric, mapped)
     if bits == 8:
         assert (packing.unpack(packed) == 255).sum() > 1000
     x = random_weight(11, 256, seed=5)
@@ -124,10 +136,10 @@ def test_every_build_gives_the_avx512_bits(bits, group, coded, isa):
 
 @pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
 @pytest.mark.parametrize("path", [*BUILDS, "reference"])
-def test_linear_is_batch_invariant(bits, group, coded, path):
+def test_linear_is_batch_invariant(bits, group, coded, symmetric, mapped, path):
     """A row gives bit-identical outputs alone and inside batches of any size."""
     linear = packing.reference_linear if path == "reference" else built_linear(path)
-    packed = packing.quantize_float(random_weight(64, 128, seed=3), bits, group, coded)
+    packed = quantized(random_weight(64, 128, seed=3), bits, group, coded, symmetric, mapped)
     x = torch.randn(17, 128) * torch.logspace(-2, 2, 17)[:, None]  # rows of very different scales
     alone = torch.cat([linear(x[i : i + 1], packed) for i in range(17)])
     for size in (2, 5, 8, 9, 16, 17):
@@ -135,8 +147,8 @@ def test_linear_is_batch_invariant(bits, group, coded, path):
 
 
 @pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
-def test_embedding_rows_match_the_dequantized_weight(bits, group, coded):
-    packed = packing.quantize_float(random_weight(80, 64), bits, group, coded)
+def test_embedding_rows_match_the_dequantized_weight(bits, group, coded, symmetric, mapped):
+    packed = quantized(random_weight(80, 64), bits, group, coded, symmetric, mapped)
     for ids in (torch.tensor([0, 5, 17, 79, 5]), torch.tensor([5])):  # one id: a single tile of 16 rows
         expected = packing.dequantize(packed)[ids]
         assert torch.equal(kernel.rows(ids, packed), expected)
@@ -150,13 +162,13 @@ def random_blocks(qtype: GGMLQuantizationType, n_blocks: int, seed: int) -> np.n
     blocks = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
     halves = {GGMLQuantizationType.Q6_K: [208], GGMLQuantizationType.Q4_K: [0, 2], GGMLQuantizationType.Q5_K: [0, 2],
               GGMLQuantizationType.Q4_1: [0, 2], GGMLQuantizationType.Q5_1: [0, 2],
-              GGMLQuantizationType.Q2_K: [80, 82], GGMLQuantizationType.Q3_K: [108]}
+              GGMLQuantizationType.Q2_K: [80, 82], GGMLQuantizationType.Q3_K: [108], GGMLQuantizationType.IQ4_XS: [0]}
     for offset in halves.get(qtype, [0]):
         blocks[:, offset : offset + 2] = rng.uniform(0.001, 0.1, n_blocks).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return blocks
 
 
-@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS"])
 def test_gguf_blocks_repack_to_the_same_weights(qtype):
     qtype = GGMLQuantizationType[qtype]
     block_size = GGML_QUANT_SIZES[qtype][0]
@@ -166,12 +178,11 @@ def test_gguf_blocks_repack_to_the_same_weights(qtype):
     expected = torch.from_numpy(dequantize(data, qtype).reshape(n, k).astype(np.float32))
     # the block's own integers, codes and float16 steps: exact
     assert torch.equal(packing.dequantize(packed), expected)
-    # about the GGUF's size: Q6_K exactly, Q4_K 4.625 bits per weight against 4.5 and Q5_K 5.625
-    # against 5.5 (the kernel reads int8 codes where the K-quants pack 6 bits); Q4_0 and Q5_0 5 and
-    # 6 bits against 4.5 and 5.5 (a float16 min the block computes from its scale), Q4_1 and Q5_1
-    # exactly; Q8_0 8.5 bits as 9 (the same); Q2_K and Q3_K 2.625 and 3.4375 bits as 5.125 (4-bit
-    # groups of 16 with two codes each: the kernel has no 2- or 3-bit layout)
-    extra = {"Q4_0": 5 / 4.5, "Q5_0": 6 / 5.5, "Q8_0": 9 / 8.5, "Q2_K": 5.125 / 2.625, "Q3_K": 5.125 / 3.4375}.get(qtype.name, 1.03)
+    # about the GGUF's size: Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0 exactly, Q4_K 4.625 bits per
+    # weight against 4.5 and Q5_K 5.625 against 5.5 (the kernel reads int8 codes where the K-quants
+    # pack 6 bits); Q2_K and Q3_K 2.625 and 3.4375 bits as 5.125 (4-bit groups of 16 with two codes
+    # each: the kernel has no 2- or 3-bit layout)
+    extra = {"Q2_K": 5.125 / 2.625, "Q3_K": 5.125 / 3.4375}.get(qtype.name, 1.03)
     assert packed.nbytes <= data.nbytes * extra
 
 

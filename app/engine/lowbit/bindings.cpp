@@ -18,11 +18,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("swiglu", &swiglu_rows, "silu(gate) * up of [n, 2 * inner] rows, as the layer stack computes it", release());
   py::class_<Projection>(m, "Projection", py::module_local())
       .def(py::init([](at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step, at::Tensor min_step,
-                       std::optional<at::Tensor> bias, int64_t group, int64_t bits, int64_t out_features) {
-             return Projection{q, scale, min, scale_step, min_step, bias, group, bits, out_features};
+                       at::Tensor values, std::optional<at::Tensor> bias, int64_t group, int64_t bits,
+                       int64_t out_features) {
+             return Projection{q, scale, min, scale_step, min_step, values, bias, group, bits, out_features};
            }),
            py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("scale_step"), py::arg("min_step"),
-           py::arg("bias"), py::arg("group"), py::arg("bits"), py::arg("out_features"));
+           py::arg("values"), py::arg("bias"), py::arg("group"), py::arg("bits"), py::arg("out_features"));
   py::class_<Layer>(m, "Layer", py::module_local())
       .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, std::vector<Projection> qkv, Projection output,
                        std::vector<Projection> gate_up, Projection down) {

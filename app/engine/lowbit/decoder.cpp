@@ -47,7 +47,7 @@ at::Tensor project(const at::Tensor& x, const std::vector<Projection>& parts) {
     // One projection with no padding rows: its output is the result (copying it out, one value
     // at a time, had cost about 1.5 ms per pass per row verified on the default target).
     at::Tensor out = linear(x, parts[0].q, parts[0].scale, parts[0].min, parts[0].scale_step, parts[0].min_step,
-                            parts[0].group, parts[0].bits);
+                            parts[0].values, parts[0].group, parts[0].bits);
     if (parts[0].bias) add_bias(out, *parts[0].bias);
     return out;
   }
@@ -58,7 +58,7 @@ at::Tensor project(const at::Tensor& x, const std::vector<Projection>& parts) {
   float* dst = out.data_ptr<float>();
   int64_t column = 0;
   for (const Projection& p : parts) {
-    const at::Tensor y = linear(x, p.q, p.scale, p.min, p.scale_step, p.min_step, p.group, p.bits);
+    const at::Tensor y = linear(x, p.q, p.scale, p.min, p.scale_step, p.min_step, p.values, p.group, p.bits);
     const float* src = y.data_ptr<float>();
     const float* bias = p.bias ? p.bias->data_ptr<float>() : nullptr;
     const int64_t stride = y.size(1);

@@ -6,14 +6,18 @@ The common block formats are all `w = scale * q - min` per group:
   Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 6 bits (symmetric, no min), groups of 16, codes sc, step d
   Q3_K  3-bit q, w = d*sc*(q-4) per 16                -> 4 bits, groups of 16, codes sc and sc, steps d and 4d
   Q2_K  2-bit q, w = d*sc*q - dmin*m per 16           -> 4 bits, groups of 16, codes sc and m, steps d and dmin
-  Q4_0  4-bit q, w = d*(q-8) per 32                   -> 4 bits, groups of 32, float16 scale d and min 8d
+  Q4_0  4-bit q, w = d*(q-8) per 32                   -> 4 bits (symmetric), groups of 32, float16 scale d
   Q4_1  4-bit q, w = d*q + m per 32                   -> 4 bits, groups of 32, float16 scale d and min -m
-  Q5_0  5-bit q, w = d*(q-16) per 32                  -> 5 bits, groups of 32, float16 scale d and min 16d
+  Q5_0  5-bit q, w = d*(q-16) per 32                  -> 5 bits (symmetric), groups of 32, float16 scale d
   Q5_1  5-bit q, w = d*q + m per 32                   -> 5 bits, groups of 32, float16 scale d and min -m
-  Q8_0  int8 q, w = d*q per 32                        -> 8 bits (q+128), groups of 32, float16 scale d and min 128d
-Other types (the IQ formats; float tensors) are dequantized and quantized to 8 bits, groups of 32.
-Every one of these keeps the block's own integers, codes and float16 numbers (d times a power of
-two is exact in float16), so the weights are exact.
+  Q8_0  int8 q, w = d*q per 32                        -> 8 bits (q+128, symmetric), groups of 32, float16 scale d
+  IQ4_NL  4-bit index into 16 fixed values, w = d*v   -> 4 bits through the table (symmetric), groups of 32, float16 scale d
+  IQ4_XS  the same values, w = d*(ls-32)*v per 32      -> 4 bits through the table, groups of 32, code ls-32, step d
+Other types (the 1-, 2- and 3-bit IQ formats; float tensors) are dequantized and quantized to 8
+bits, groups of 32.
+Every one of these keeps the block's own integers, codes and float16 numbers (4d, the one
+computed step, is exact in float16), so the weights are exact; the symmetric ones (w = scale *
+(q - 2^(bits-1))) store no min.
 """
 from __future__ import annotations
 
@@ -99,7 +103,7 @@ def _fifth_bits(qh: np.ndarray) -> np.ndarray:
 
 def _q4_0(blocks: np.ndarray) -> Groups:
     d = _half(blocks[:, 0:2])
-    return _nibbles(blocks[:, 2:18]), d, 8 * d, 4, 32, None, None
+    return _nibbles(blocks[:, 2:18]), d, None, 4, 32, None, None
 
 
 def _q4_1(blocks: np.ndarray) -> Groups:
@@ -109,7 +113,7 @@ def _q4_1(blocks: np.ndarray) -> Groups:
 
 def _q5_0(blocks: np.ndarray) -> Groups:
     d = _half(blocks[:, 0:2])
-    return _nibbles(blocks[:, 6:22]) | _fifth_bits(blocks[:, 2:6]), d, 16 * d, 5, 32, None, None
+    return _nibbles(blocks[:, 6:22]) | _fifth_bits(blocks[:, 2:6]), d, None, 5, 32, None, None
 
 
 def _q5_1(blocks: np.ndarray) -> Groups:
@@ -117,14 +121,30 @@ def _q5_1(blocks: np.ndarray) -> Groups:
     return _nibbles(blocks[:, 8:24]) | _fifth_bits(blocks[:, 4:8]), d, -m, 5, 32, None, None
 
 
+# IQ4_NL's and IQ4_XS's values (ggml's kvalues_iq4nl), plus 128: what the kernel's table holds
+IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]) + 128
+
+
+def _iq4_nl(blocks: np.ndarray) -> Groups:
+    return _nibbles(blocks[:, 2:18]), _half(blocks[:, 0:2]), None, 4, 32, None, None
+
+
+def _iq4_xs(blocks: np.ndarray) -> Groups:
+    low = (blocks[:, 4:8].reshape(-1, 4, 1) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2)).reshape(-1, 8) & 0x0F
+    high = (blocks[:, 2:4].copy().view(np.uint16).reshape(-1, 1) >> np.arange(0, 16, 2, dtype=np.uint16).reshape(1, 8)) & 0x03
+    codes = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - 32
+    return _nibbles(blocks[:, 8:136].reshape(-1, 16)).reshape(-1, 256), codes, None, 4, 32, _half(blocks[:, 0:2]), None
+
+
 def _q8_0(blocks: np.ndarray) -> Groups:
     d = _half(blocks[:, 0:2])
     q = (blocks[:, 2:34].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-    return q, d, 128 * d, 8, 32, None, None
+    return q, d, None, 8, 32, None, None
 
 
 DECODERS = {T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1,
-            T.Q8_0: _q8_0}
+            T.Q8_0: _q8_0, T.IQ4_NL: _iq4_nl, T.IQ4_XS: _iq4_xs}
+TABLES = {T.IQ4_NL: IQ4_VALUES, T.IQ4_XS: IQ4_VALUES}  # the values 4-bit integers stand for
 
 
 def packed_from_gguf(data: np.ndarray, qtype: T, shape: tuple[int, int], row_order: np.ndarray | None = None,
@@ -143,7 +163,8 @@ def packed_from_gguf(data: np.ndarray, qtype: T, shape: tuple[int, int], row_ord
     q, scale, min_, bits, group, scale_step, min_step = decoder(blocks)
     order = slice(None) if row_order is None else row_order
     as_tensor = lambda a: None if a is None else torch.from_numpy(np.ascontiguousarray(a.reshape(n, -1)[order]))
-    return pack(*map(as_tensor, (q, scale, min_)), bits, group, *map(as_tensor, (scale_step, min_step)))
+    return pack(*map(as_tensor, (q, scale, min_)), bits, group, *map(as_tensor, (scale_step, min_step)),
+                values=TABLES.get(qtype))
 
 
 def _block_size(qtype: T) -> int:

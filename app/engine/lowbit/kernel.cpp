@@ -17,9 +17,12 @@
 //                                         in bit j of line C/2+h).
 //   scale       [N/16, K/G, 16]    fp16 (plain: 8 bits; 4 and 5 bits with G = 32) or int8 codes
 //                                  (coded: 4, 5 and 6 bits)
-//   min         [N/16, K/G, 16]    as scale (empty for 6 bits: symmetric, min = 32 * scale)
+//   min         [N/16, K/G, 16]    as scale, or [N/16, K/G, 0] when symmetric (always for 6 bits; GGUF's
+//                                  Q4_0, Q5_0, Q8_0): min = 2^(bits-1) * scale
 //   scale_step  [N/16, K/G/S, 16]  fp16: what a code of 1 stands for, per super-block of S groups
 //   min_step    [N/16, K/G/S, 16]  (both empty when plain; min_step empty for 6 bits)
+//   values      [N/16, 16] uint8   the 8-bit value each 4-bit integer stands for (GGUF's IQ4_NL and
+//                                  IQ4_XS: w = scale * (values[q] - 128)), or [N/16, 0]
 // A 32-bit lane of a 64-byte vector holds 4 consecutive inputs of one output, so one VNNI
 // instruction advances 16 outputs by 4 inputs against 4 broadcast activation bytes.
 #include "kernel.h"
@@ -61,19 +64,31 @@ struct Activations {
   }
 };
 
-// Calls f(std::integral_constant<int, bits>{}, std::bool_constant<coded>{}) for one of the
-// formats the kernel has: coded 4, 5 and 6 bits; plain 8 bits, and plain 4 and 5 bits (GGUF's
-// Q4_0, Q4_1, Q5_0 and Q5_1 blocks), which check_params allows in groups of 32 only.
+// How a packed weight stores its groups' parameters (see check_params).
+struct Format {
+  bool coded;      // int8 codes times float16 steps (else float16 per group)
+  bool symmetric;  // no min stored: w = scale * (value - 2^(value bits - 1))
+  bool mapped;     // 4-bit integers stand for 8-bit values from a table
+};
+
+// Calls f(std::integral_constant<int, bits>{}, std::bool_constant<coded>{},
+// std::bool_constant<symmetric>{}, std::bool_constant<mapped>{}) for one of the formats the kernel
+// has: coded 4 and 5 bits with mins and 6 bits without; plain 4, 5 (groups of 32 only) and 8
+// bits, with mins (GGUF's Q4_1, Q5_1) or without (Q4_0, Q5_0, Q8_0); 4 bits through a table,
+// plain (IQ4_NL) or coded (IQ4_XS), symmetric.
 template <typename F>
-void with_format(int64_t bits, bool coded, F&& f) {
-  using std::bool_constant;
-  using std::integral_constant;
-  if (bits == 4 && coded) f(integral_constant<int, 4>{}, bool_constant<true>{});
-  else if (bits == 4) f(integral_constant<int, 4>{}, bool_constant<false>{});
-  else if (bits == 5 && coded) f(integral_constant<int, 5>{}, bool_constant<true>{});
-  else if (bits == 5) f(integral_constant<int, 5>{}, bool_constant<false>{});
-  else if (bits == 6) f(integral_constant<int, 6>{}, bool_constant<true>{});
-  else f(integral_constant<int, 8>{}, bool_constant<false>{});
+void with_format(int64_t bits, Format format, F&& f) {
+#define SPECCHAT_FORMAT(B, C, S)                                                                        \
+  f(std::integral_constant<int, B>{}, std::bool_constant<C>{}, std::bool_constant<S>{}, std::false_type{})
+  if (format.mapped) {
+    format.coded ? f(std::integral_constant<int, 4>{}, std::true_type{}, std::true_type{}, std::true_type{})
+                 : f(std::integral_constant<int, 4>{}, std::false_type{}, std::true_type{}, std::true_type{});
+  } else if (bits == 6) SPECCHAT_FORMAT(6, true, true);
+  else if (format.coded) bits == 4 ? SPECCHAT_FORMAT(4, true, false) : SPECCHAT_FORMAT(5, true, false);
+  else if (bits == 4) format.symmetric ? SPECCHAT_FORMAT(4, false, true) : SPECCHAT_FORMAT(4, false, false);
+  else if (bits == 5) format.symmetric ? SPECCHAT_FORMAT(5, false, true) : SPECCHAT_FORMAT(5, false, false);
+  else format.symmetric ? SPECCHAT_FORMAT(8, false, true) : SPECCHAT_FORMAT(8, false, false);
+#undef SPECCHAT_FORMAT
 }
 
 // 64-byte lines per group of `chunks` chunks (see the layout above).
@@ -87,6 +102,7 @@ struct TileParams {
   const void* min;    // as scale; unused when symmetric
   const at::Half* scale_step;  // [super-blocks, 16] float16 (coded only)
   const at::Half* min_step;
+  const uint8_t* values;  // [16]: what each 4-bit integer stands for (mapped only)
 };
 
 // The parameters of one packed weight as raw pointers, for any of its tiles.
@@ -95,28 +111,30 @@ struct WeightParams {
   const uint8_t* min;
   const at::Half* scale_step;
   const at::Half* min_step;
+  const uint8_t* values;
   int64_t param_bytes, groups, steps;  // element size of scale/min; groups and super-blocks per tile row
   int64_t per_step;  // groups per super-block (all of them when there are no steps: plain)
 
   WeightParams(const at::Tensor& scale_t, const at::Tensor& min_t, const at::Tensor& scale_step_t,
-               const at::Tensor& min_step_t)
+               const at::Tensor& min_step_t, const at::Tensor& values_t)
       : scale(static_cast<const uint8_t*>(scale_t.data_ptr())),
         min(min_t.numel() ? static_cast<const uint8_t*>(min_t.data_ptr()) : nullptr),
         scale_step(scale_step_t.numel() ? scale_step_t.data_ptr<at::Half>() : nullptr),
         min_step(min_step_t.numel() ? min_step_t.data_ptr<at::Half>() : nullptr),
+        values(values_t.numel() ? values_t.data_ptr<uint8_t>() : nullptr),
         param_bytes(scale_t.element_size()), groups(scale_t.size(1)), steps(scale_step_t.size(1)),
         per_step(steps ? groups / steps : groups) {}
 
   TileParams tile(int64_t t) const {
     const int64_t at = t * groups * kTile * param_bytes, step_at = t * steps * kTile;
     return {scale + at, min ? min + at : nullptr, scale_step ? scale_step + step_at : nullptr,
-            min_step ? min_step + step_at : nullptr};
+            min_step ? min_step + step_at : nullptr, values ? values + t * kTile : nullptr};
   }
 };
 
-// Checks the packed parameters; returns whether they are coded.
-bool check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
-                  const at::Tensor& min_step, int64_t group, int64_t bits) {
+// Checks the packed parameters; returns their format.
+Format check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
+                    const at::Tensor& min_step, const at::Tensor& values, int64_t group, int64_t bits) {
   TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "bits must be 4, 5, 6 or 8");
   TORCH_CHECK(bits != 5 || group == 32, "5-bit weights come in groups of 32");
@@ -128,10 +146,16 @@ bool check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tens
   TORCH_CHECK(!coded || (scale_step.scalar_type() == at::kHalf && scale_step.size(1) > 0 &&
                          scale.size(1) % scale_step.size(1) == 0),
               "coded scales need float16 steps per super-block");
-  TORCH_CHECK(bits == 6 || min.size(2) == scale.size(2), "this weight format needs its mins");
-  TORCH_CHECK(!coded || bits == 6 || min_step.numel() == scale_step.numel(), "coded 4- and 5-bit mins need their steps");
-  for (const at::Tensor& t : {scale, min, scale_step, min_step}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
-  return coded;
+  const bool symmetric = min.size(2) == 0;
+  TORCH_CHECK(symmetric || min.size(2) == scale.size(2), "mins must be stored for every group or for none");
+  const bool mapped = values.dim() == 2 && values.size(1) > 0;
+  TORCH_CHECK(!mapped || (bits == 4 && group == 32 && symmetric && values.scalar_type() == at::kByte &&
+                          values.size(0) == scale.size(0) && values.size(1) == kTile),
+              "a table of values is for symmetric 4-bit weights in groups of 32, 16 uint8 values per tile");
+  TORCH_CHECK((mapped || bits == 6) ? symmetric : !coded || (!symmetric && min_step.numel() == scale_step.numel()),
+              "6-bit and mapped weights have no mins; coded 4- and 5-bit ones need their mins and steps");
+  for (const at::Tensor& t : {scale, min, scale_step, min_step, values}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
+  return {coded, symmetric, mapped};
 }
 
 // One group of activations quantized: its int8 step and the sum of its int8 values.
@@ -167,10 +191,11 @@ inline __m512i broadcast4(const int8_t* p) {
 }
 
 // The unsigned weights of one 4-input chunk of 16 outputs (see packing.pack for the lines):
-// 8-bit: the line itself; 4-bit: a nibble of line chunk/2; 5- and 6-bit: that nibble plus the
-// chunk's one or two top bits from the lines after the nibbles.
-template <int Chunks, int Bits>
-inline __m512i chunk_weights(const uint8_t* lines, int chunk) {
+// 8-bit: the line itself; 4-bit: a nibble of line chunk/2 (mapped: its entry in `table`, the
+// tile's 16 values in each 128-bit lane); 5- and 6-bit: that nibble plus the chunk's one or two
+// top bits from the lines after the nibbles.
+template <int Chunks, int Bits, bool Mapped>
+inline __m512i chunk_weights(const uint8_t* lines, int chunk, __m512i table) {
   const __m512i* line = reinterpret_cast<const __m512i*>(lines);
   if constexpr (Bits == 8) return _mm512_loadu_si512(line + chunk);
   const __m512i packed = _mm512_loadu_si512(line + chunk / 2);
@@ -182,7 +207,13 @@ inline __m512i chunk_weights(const uint8_t* lines, int chunk) {
     const __m512i moved = at < 4 ? _mm512_slli_epi16(tops, 4 - at) : (at > 4 ? _mm512_srli_epi16(tops, at - 4) : tops);
     value = _mm512_or_si512(value, _mm512_and_si512(moved, _mm512_set1_epi8(((1 << kTopBits) - 1) << 4)));
   }
+  if constexpr (Mapped) return _mm512_shuffle_epi8(table, value);
   return value;
+}
+
+// A tile's 16 values in every 128-bit lane (zero when not mapped).
+inline __m512i value_table(const uint8_t* values) {
+  return values ? _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values))) : _mm512_setzero_si512();
 }
 
 inline __m512 load_halves(const at::Half* p) {
@@ -209,12 +240,13 @@ inline __m512 group_values(const void* values, __m512 step, int64_t g) {
 //
 // pass: which pass over this pair (of 4 rows each) this is; it decides what is prefetched. A
 // thread's pairs lie one after the other in memory, as do their scales and mins.
-template <int Rows, int Chunks, int Bits, bool Coded>
+template <int Rows, int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
                                                 const TileParams& p1, int64_t groups, int64_t per_step, int pass,
                                                 const Activations& act, float* out, int64_t out_stride) {
   constexpr int kLines = lines_per_group(Chunks, Bits);
-  constexpr bool kSymmetric = Bits == 6;  // w = scale * (q - 32): no min is stored
+  constexpr int kValueBits = Mapped ? 8 : Bits;  // the width of what the integers stand for
+  constexpr int32_t kOffset = 1 << (kValueBits - 1);  // symmetric: w = scale * (value - kOffset), no min stored
   // With one or two rows, a single accumulator per tile would chain every dot product of the
   // group on the previous one (latency bound); even and odd chunks then go to separate ones.
   constexpr int kChains = Rows <= 2 ? 2 : 1;
@@ -224,6 +256,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
   __m512 acc0[Rows], acc1[Rows];
   for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const TileParams tile0 = p0, tile1 = p1;  // local copies: no aliasing with the output
+  const __m512i table0 = value_table(tile0.values), table1 = value_table(tile1.values);
   __m512 scale_step0, scale_step1, min_step0, min_step1;  // the current super-block's steps
   int64_t super_block = 0, in_super_block = 0;
   for (int64_t g = 0; g < groups; ++g) {
@@ -231,7 +264,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
       if (in_super_block == 0) {
         scale_step0 = load_halves(tile0.scale_step + super_block * kTile);
         scale_step1 = load_halves(tile1.scale_step + super_block * kTile);
-        if constexpr (!kSymmetric) {
+        if constexpr (!Symmetric) {
           min_step0 = load_halves(tile0.min_step + super_block * kTile);
           min_step1 = load_halves(tile1.min_step + super_block * kTile);
         }
@@ -261,7 +294,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
         const int64_t at1 = g_ahead * kTile * kParamBytes;
         _mm_prefetch(static_cast<const char*>(tile0.scale) + at0, _MM_HINT_T1);
         _mm_prefetch(static_cast<const char*>(tile1.scale) + at1, _MM_HINT_T1);
-        if constexpr (!kSymmetric) {
+        if constexpr (!Symmetric) {
           _mm_prefetch(static_cast<const char*>(tile0.min) + at0, _MM_HINT_T1);
           _mm_prefetch(static_cast<const char*>(tile1.min) + at1, _MM_HINT_T1);
         }
@@ -270,9 +303,9 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     __m512i dot0[kChains][Rows], dot1[kChains][Rows];
     for (int c = 0; c < kChains; ++c) {
       for (int r = 0; r < Rows; ++r) {
-        // Symmetric weights: the dot product starts at -32 * (sum of the activations), which
-        // subtracts the offset exactly, in integers.
-        const int32_t start = kSymmetric && c == 0 ? -32 * act.sum[r * groups + g] : 0;
+        // Symmetric weights: the dot product starts at -kOffset * (sum of the activations),
+        // which subtracts the offset exactly, in integers.
+        const int32_t start = Symmetric && c == 0 ? -kOffset * act.sum[r * groups + g] : 0;
         dot0[c][r] = dot1[c][r] = _mm512_set1_epi32(start);
       }
     }
@@ -283,8 +316,8 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     // bits alone and the other widths compile exactly as they were measured).
 #define SPECCHAT_CHUNK_PRODUCTS                                                      \
   {                                                                                  \
-    const __m512i w0 = chunk_weights<Chunks, Bits>(lines0, chunk);                   \
-    const __m512i w1 = chunk_weights<Chunks, Bits>(lines1, chunk);                   \
+    const __m512i w0 = chunk_weights<Chunks, Bits, Mapped>(lines0, chunk, table0);   \
+    const __m512i w1 = chunk_weights<Chunks, Bits, Mapped>(lines1, chunk, table1);   \
     const int chain = chunk % kChains;                                               \
     for (int r = 0; r < Rows; ++r) {                                                 \
       const __m512i word = broadcast4(a + r * act.k + 4 * chunk);                    \
@@ -314,7 +347,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
       acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0[0][r]), _mm512_mul_ps(w_scale0, a_step), acc0[r]);
       acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1[0][r]), _mm512_mul_ps(w_scale1, a_step), acc1[r]);
     }
-    if constexpr (!kSymmetric) {
+    if constexpr (!Symmetric) {
       const __m512 w_min0 = group_values<Coded>(tile0.min, min_step0, g);
       const __m512 w_min1 = group_values<Coded>(tile1.min, min_step1, g);
       for (int r = 0; r < Rows; ++r) {
@@ -334,19 +367,20 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
   }
 }
 
-template <int Chunks, int Bits, bool Coded>
+template <int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
                  int64_t groups, int64_t per_step, int pass, const Activations& act, float* out, int64_t out_stride) {
-#define SPECCHAT_ROWS(R)                                                                                          \
-  case R:                                                                                                         \
-    return tile_pair_kernel<R, Chunks, Bits, Coded>(q, tile_bytes, p0, p1, groups, per_step, pass, act, out, out_stride);
+#define SPECCHAT_ROWS(R)                                                                                        \
+  case R:                                                                                                       \
+    return tile_pair_kernel<R, Chunks, Bits, Coded, Symmetric, Mapped>(q, tile_bytes, p0, p1, groups, per_step, \
+                                                                       pass, act, out, out_stride);
   switch (rows) { SPECCHAT_ROWS(1) SPECCHAT_ROWS(2) SPECCHAT_ROWS(3) SPECCHAT_ROWS(4) }
 #undef SPECCHAT_ROWS
 }
 
 // Output tiles t and t + 1 of every row: out [rows, n] gets their 32 columns.
 void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, const WeightParams& params,
-                   int64_t group, int64_t bits, bool coded, const Activations& act, float* out, int64_t n) {
+                   int64_t group, int64_t bits, Format format, const Activations& act, float* out, int64_t n) {
   const TileParams p0 = params.tile(t), p1 = params.tile(t + 1);
   const int64_t groups = params.groups;
   for (int r0 = 0; r0 < rows; r0 += kMaxRows) {
@@ -355,13 +389,16 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
     const uint8_t* tq = q + t * tile_bytes;
     const Activations block_act = act.from_row(r0, groups);
     float* to = out + r0 * n + t * kTile;
-    with_format(bits, coded, [&](auto bits_c, auto coded_c) {
+    with_format(bits, format, [&](auto bits_c, auto coded_c, auto symmetric_c, auto mapped_c) {
       constexpr int kBits = decltype(bits_c)::value;
-      constexpr bool kCoded = decltype(coded_c)::value;
+      constexpr bool kCoded = decltype(coded_c)::value, kSymmetric = decltype(symmetric_c)::value;
+      constexpr bool kMapped = decltype(mapped_c)::value;
       if (kBits == 5 || group == 32) {
-        rows_kernel<8, kBits, kCoded>(block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
-      } else if constexpr (kBits != 5 && (kCoded || kBits == 8)) {  // plain 4 bits: groups of 32 only
-        rows_kernel<4, kBits, kCoded>(block, tq, tile_bytes, p0, p1, groups, params.per_step, pass, block_act, to, n);
+        rows_kernel<8, kBits, kCoded, kSymmetric, kMapped>(block, tq, tile_bytes, p0, p1, groups, params.per_step, pass,
+                                                           block_act, to, n);
+      } else if constexpr (kBits != 5 && (kCoded || kBits == 8) && !kMapped) {  // plain 4 bits, tables: groups of 32 only
+        rows_kernel<4, kBits, kCoded, kSymmetric, false>(block, tq, tile_bytes, p0, p1, groups, params.per_step, pass,
+                                                         block_act, to, n);
       }
     });
   }
@@ -414,8 +451,8 @@ inline GroupQuantized quantize_group(const float* v, int64_t group, int8_t* q) {
 
 // Half `half` (outputs 8 * half .. 8 * half + 7) of a chunk's unsigned weights: the bytes of
 // the AVX-512 chunk_weights, 32 at a time.
-template <int Chunks, int Bits>
-inline __m256i chunk_weights(const uint8_t* lines, int chunk, int half) {
+template <int Chunks, int Bits, bool Mapped>
+inline __m256i chunk_weights(const uint8_t* lines, int chunk, int half, __m256i table) {
   const auto line = [&](int i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lines + i * 64 + half * 32)); };
   if constexpr (Bits == 8) return line(chunk);
   const __m256i packed = line(chunk / 2);
@@ -427,7 +464,13 @@ inline __m256i chunk_weights(const uint8_t* lines, int chunk, int half) {
     const __m256i moved = at < 4 ? _mm256_slli_epi16(tops, 4 - at) : (at > 4 ? _mm256_srli_epi16(tops, at - 4) : tops);
     value = _mm256_or_si256(value, _mm256_and_si256(moved, _mm256_set1_epi8(((1 << kTopBits) - 1) << 4)));
   }
+  if constexpr (Mapped) return _mm256_shuffle_epi8(table, value);
   return value;
+}
+
+// A tile's 16 values in both 128-bit lanes (zero when not mapped).
+inline __m256i value_table(const uint8_t* values) {
+  return values ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values))) : _mm256_setzero_si256();
 }
 
 // Per 16-bit lane, the sum of 2 products of unsigned weights and signed activations (maddubs).
@@ -468,12 +511,14 @@ inline __m256 group_values(const void* values, __m256 step, int64_t g, int half)
 // One 16-output tile against `Rows` activation rows, over all K, in two halves of 8 outputs.
 // Every output gets the AVX-512 kernel's integers and float steps, in the same order: the same
 // bits, and batch invariance. Never inlined, as there.
-template <int Rows, int Chunks, int Bits, bool Coded>
+template <int Rows, int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                                            const Activations& act, float* out, int64_t out_stride) {
   constexpr int kLines = lines_per_group(Chunks, Bits);
-  constexpr bool kSymmetric = Bits == 6;  // w = scale * (q - 32): no min is stored
+  constexpr int kValueBits = Mapped ? 8 : Bits;  // the width of what the integers stand for
+  constexpr int32_t kOffset = 1 << (kValueBits - 1);  // symmetric: w = scale * (value - kOffset), no min stored
   constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytes / (kLines * 64));  // in groups
+  const __m256i table = value_table(tile.values);
   __m256 acc[Rows][2];
   for (int r = 0; r < Rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   __m256 scale_step[2], min_step[2];
@@ -483,7 +528,7 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
       if (in_super_block == 0) {
         for (int h = 0; h < 2; ++h) {
           scale_step[h] = load_halves(tile.scale_step + super_block * kTile + h * 8);
-          if constexpr (!kSymmetric) min_step[h] = load_halves(tile.min_step + super_block * kTile + h * 8);
+          if constexpr (!Symmetric) min_step[h] = load_halves(tile.min_step + super_block * kTile + h * 8);
         }
       }
     }
@@ -491,22 +536,22 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
     for (int line = 0; line < kLines; ++line) _mm_prefetch(reinterpret_cast<const char*>(lines + kAhead * kLines * 64 + line * 64), _MM_HINT_T1);
     int32_t start[Rows];
     for (int r = 0; r < Rows; ++r) {
-      // Symmetric weights start at -32 * (sum of the activations); without VNNI 8-bit ones at
-      // +128 * it (see pair_sums)
-      start[r] = kSymmetric ? -32 * act.sum[r * groups + g] : (Bits == 8 && !kVnni ? 128 * act.sum[r * groups + g] : 0);
+      // Symmetric weights start at -kOffset * (sum of the activations); without VNNI 8-bit ones
+      // at +128 * it more (see pair_sums)
+      start[r] = (Symmetric ? -kOffset * act.sum[r * groups + g] : 0) + (kValueBits == 8 && !kVnni ? 128 * act.sum[r * groups + g] : 0);
     }
     // Set at the first chunk (VNNI) or widening: with one widening per group (4 bits) no
     // register holds it meanwhile
     __m256i dot[Rows][2];
     const int8_t* a = act.q + g * Chunks * 4;
 #ifndef SPECCHAT_VNNI256
-    constexpr int kWiden = kChunksPerWidening<Bits, Chunks>;
+    constexpr int kWiden = kChunksPerWidening<kValueBits, Chunks>;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i pairs[Rows][2];  // 16-bit sums of the chunks since the last widening
 #endif
     for (int chunk = 0; chunk < Chunks; ++chunk) {
-      const __m256i w0 = chunk_weights<Chunks, Bits>(lines, chunk, 0);
-      const __m256i w1 = chunk_weights<Chunks, Bits>(lines, chunk, 1);
+      const __m256i w0 = chunk_weights<Chunks, Bits, Mapped>(lines, chunk, 0, table);
+      const __m256i w1 = chunk_weights<Chunks, Bits, Mapped>(lines, chunk, 1, table);
       for (int r = 0; r < Rows; ++r) {
         int32_t word;
         std::memcpy(&word, a + r * act.k + 4 * chunk, 4);
@@ -517,7 +562,7 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
           dot[r][h] = dot4(before, h ? w1 : w0, activations);
         }
 #else
-        const __m256i p0 = pair_sums<Bits>(w0, activations), p1 = pair_sums<Bits>(w1, activations);
+        const __m256i p0 = pair_sums<kValueBits>(w0, activations), p1 = pair_sums<kValueBits>(w1, activations);
         pairs[r][0] = chunk % kWiden ? _mm256_add_epi16(pairs[r][0], p0) : p0;
         pairs[r][1] = chunk % kWiden ? _mm256_add_epi16(pairs[r][1], p1) : p1;
         if (chunk % kWiden == kWiden - 1) {
@@ -535,7 +580,7 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
         const __m256 a_step = _mm256_set1_ps(act.step[r * groups + g]);
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), _mm256_mul_ps(w_scale, a_step), acc[r][h]);
       }
-      if constexpr (!kSymmetric) {
+      if constexpr (!Symmetric) {
         const __m256 w_min = group_values<Coded>(tile.min, min_step[h], g, h);
         for (int r = 0; r < Rows; ++r) {
           acc[r][h] = _mm256_fnmadd_ps(w_min, _mm256_set1_ps(act.scaled_sum[r * groups + g]), acc[r][h]);
@@ -553,16 +598,16 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
   }
 }
 
-template <int Chunks, int Bits, bool Coded>
+template <int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 void tile_rows(int rows, const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                const Activations& act, float* out, int64_t out_stride) {
-  if (rows == 1) tile_kernel<1, Chunks, Bits, Coded>(q, tile, groups, per_step, act, out, out_stride);
-  else tile_kernel<2, Chunks, Bits, Coded>(q, tile, groups, per_step, act, out, out_stride);
+  if (rows == 1) tile_kernel<1, Chunks, Bits, Coded, Symmetric, Mapped>(q, tile, groups, per_step, act, out, out_stride);
+  else tile_kernel<2, Chunks, Bits, Coded, Symmetric, Mapped>(q, tile, groups, per_step, act, out, out_stride);
 }
 
 // Output tiles t and t + 1 of every row: out [rows, n] gets their 32 columns.
 void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, const WeightParams& params,
-                   int64_t group, int64_t bits, bool coded, const Activations& act, float* out, int64_t n) {
+                   int64_t group, int64_t bits, Format format, const Activations& act, float* out, int64_t n) {
   const int64_t groups = params.groups;
   for (int64_t tile = t; tile < t + 2; ++tile) {
     const TileParams p = params.tile(tile);
@@ -571,13 +616,14 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
       const uint8_t* tq = q + tile * tile_bytes;
       const Activations block_act = act.from_row(r0, groups);
       float* to = out + r0 * n + tile * kTile;
-      with_format(bits, coded, [&](auto bits_c, auto coded_c) {
+      with_format(bits, format, [&](auto bits_c, auto coded_c, auto symmetric_c, auto mapped_c) {
         constexpr int kBits = decltype(bits_c)::value;
-        constexpr bool kCoded = decltype(coded_c)::value;
+        constexpr bool kCoded = decltype(coded_c)::value, kSymmetric = decltype(symmetric_c)::value;
+        constexpr bool kMapped = decltype(mapped_c)::value;
         if (kBits == 5 || group == 32) {
-          tile_rows<8, kBits, kCoded>(block, tq, p, groups, params.per_step, block_act, to, n);
-        } else if constexpr (kBits != 5 && (kCoded || kBits == 8)) {  // plain 4 bits: groups of 32 only
-          tile_rows<4, kBits, kCoded>(block, tq, p, groups, params.per_step, block_act, to, n);
+          tile_rows<8, kBits, kCoded, kSymmetric, kMapped>(block, tq, p, groups, params.per_step, block_act, to, n);
+        } else if constexpr (kBits != 5 && (kCoded || kBits == 8) && !kMapped) {  // plain 4 bits, tables: groups of 32 only
+          tile_rows<4, kBits, kCoded, kSymmetric, false>(block, tq, p, groups, params.per_step, block_act, to, n);
         }
       });
     }
@@ -613,9 +659,9 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
 
 // x [M, K] float32 -> [M, N] float32
 at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
-                  at::Tensor min_step, int64_t group, int64_t bits) {
+                  at::Tensor min_step, at::Tensor values, int64_t group, int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
-  const bool coded = check_params(scale, min, scale_step, min_step, group, bits);
+  const Format format = check_params(scale, min, scale_step, min_step, values, group, bits);
   x = x.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), tiles = scale.size(0), groups = k / group;
   TORCH_CHECK(k % group == 0 && scale.size(1) == groups, "K does not match the packed weight");
@@ -624,14 +670,14 @@ at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, 
   at::Tensor out = at::empty({rows, tiles * kTile}, at::kFloat);
   const int64_t tile_bytes = q.numel() / tiles;
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
-  const WeightParams params(scale, min, scale_step, min_step);
+  const WeightParams params(scale, min, scale_step, min_step, values);
   float* out_ptr = out.data_ptr<float>();
   const int64_t n = tiles * kTile;
   const Activations all_rows{act.q.data_ptr<int8_t>(), act.scale.data_ptr<float>(), act.scaled_sum.data_ptr<float>(),
                              act.sum.data_ptr<int32_t>(), k};
   at::parallel_for(0, tiles / 2, 1, [&](int64_t begin, int64_t end) {
     for (int64_t pair = begin; pair < end; ++pair) {
-      pair_products(2 * pair, static_cast<int>(rows), q_ptr, tile_bytes, params, group, bits, coded, all_rows, out_ptr, n);
+      pair_products(2 * pair, static_cast<int>(rows), q_ptr, tile_bytes, params, group, bits, format, all_rows, out_ptr, n);
     }
   });
   return out;
@@ -639,8 +685,8 @@ at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, 
 
 // The float rows of the weight for the given output indices (embedding lookup): [len(ids), K].
 at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
-                at::Tensor min_step, int64_t group, int64_t bits) {
-  const bool coded = check_params(scale, min, scale_step, min_step, group, bits);
+                at::Tensor min_step, at::Tensor values, int64_t group, int64_t bits) {
+  const Format format = check_params(scale, min, scale_step, min_step, values, group, bits);
   const int64_t tiles = scale.size(0), groups = scale.size(1), k = groups * group, chunks = group / 4;
   const int64_t tile_bytes = q.numel() / tiles;
   const int64_t lines = lines_per_group(chunks, bits);
@@ -648,10 +694,10 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
   at::Tensor out = at::empty({ids.numel(), k}, at::kFloat);
   const int64_t* id = ids.data_ptr<int64_t>();
   const uint8_t* q_ptr = q.data_ptr<uint8_t>();
-  const WeightParams params(scale, min, scale_step, min_step);
+  const WeightParams params(scale, min, scale_step, min_step, values);
   // One group's value for one output, as group_values computes it
   const auto value_of = [&](const uint8_t* values, const at::Half* steps, int64_t g, int64_t lane) {
-    if (!coded) return static_cast<float>(reinterpret_cast<const at::Half*>(values)[g * kTile + lane]);
+    if (!format.coded) return static_cast<float>(reinterpret_cast<const at::Half*>(values)[g * kTile + lane]);
     return static_cast<float>(reinterpret_cast<const int8_t*>(values)[g * kTile + lane]) *
            static_cast<float>(steps[(g / params.per_step) * kTile + lane]);
   };
@@ -662,8 +708,9 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
     for (int64_t g = 0; g < groups; ++g) {
       const TileParams p = params.tile(tile);
       const float s = value_of(static_cast<const uint8_t*>(p.scale), p.scale_step, g, lane);
-      // 6-bit weights are symmetric: their min is 32 * scale, as packing.group_params has it
-      const float m = bits == 6 ? 32.f * s : value_of(static_cast<const uint8_t*>(p.min), p.min_step, g, lane);
+      // symmetric weights: their min is 2^(value bits - 1) * scale, as packing.group_params has it
+      const float m = format.symmetric ? static_cast<float>(1 << ((format.mapped ? 8 : bits) - 1)) * s
+                                       : value_of(static_cast<const uint8_t*>(p.min), p.min_step, g, lane);
       const uint8_t* group_lines = q_ptr + tile * tile_bytes + g * lines * kTile * 4 + lane * 4;
       for (int64_t c = 0; c < chunks; ++c) {
         for (int64_t b = 0; b < 4; ++b) {
@@ -678,6 +725,7 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
               const uint8_t tops = group_lines[(chunks / 2 + c / per_line) * kTile * 4 + b];
               value |= ((tops >> (top_bits * (c % per_line))) & ((1 << top_bits) - 1)) << 4;
             }
+            if (format.mapped) value = p.values[value];  // the tile's table
           }
           out_ptr[i * k + g * group + c * 4 + b] = s * static_cast<float>(value) - m;
         }

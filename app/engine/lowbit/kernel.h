@@ -10,10 +10,10 @@
 
 // x [M, K] float32 -> [M, N] float32 (N: the packed weight's padded outputs)
 at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
-                  at::Tensor min_step, int64_t group, int64_t bits);
+                  at::Tensor min_step, at::Tensor values, int64_t group, int64_t bits);
 // The float rows of the weight for the given output indices (embedding lookup): [len(ids), K].
 at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
-                at::Tensor min_step, int64_t group, int64_t bits);
+                at::Tensor min_step, at::Tensor values, int64_t group, int64_t bits);
 // x [..., D] float32 -> RMS-normalised rows times weight [D]
 at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
 // Keys the layer stack's cache holds in one block (transposed: [head_dim, kKeyBlock]).
@@ -27,7 +27,7 @@ at::Tensor swiglu_rows(at::Tensor gate_up);
 
 // One low-bit projection: its packed weight (see kernel.cpp), its real outputs and its bias.
 struct Projection {
-  at::Tensor q, scale, min, scale_step, min_step;
+  at::Tensor q, scale, min, scale_step, min_step, values;
   std::optional<at::Tensor> bias;  // float32 [out_features]
   int64_t group, bits, out_features;
 };

@@ -1,8 +1,10 @@
 """Low-bit weights: the packed layout the CPU kernel reads, and the pure-torch reference.
 
 A weight [N, K] is stored as unsigned integers q (4, 5, 6 or 8 bits) with a scale and a min per
-group of `group` inputs: w = scale * q - min. 6-bit weights are symmetric (w = scale * (q - 32),
-as GGUF's Q6_K): their min is 32 * scale and is not stored.
+group of `group` inputs: w = scale * q - min. Symmetric weights (w = scale * (q - 2^(bits-1)):
+6 bits always, as GGUF's Q6_K; plain 4, 5 and 8 bits as Q4_0, Q5_0 and Q8_0) store no min.
+4-bit integers may also stand for 16 chosen 8-bit values (a table per tile, as GGUF's non-linear
+IQ4_NL and IQ4_XS): w = scale * (values[q] - 128), symmetric.
 
 Each group's scale and min are either float16 ("plain" parameters: 8 bits, and 4 or 5 bits in
 groups of 32, as GGUF's Q4_0, Q4_1, Q5_0 and Q5_1 blocks store them: 5 and 6 bits per weight), or
@@ -25,7 +27,7 @@ import torch
 
 TILE = 16  # outputs per tile: one 64-byte vector holds 16 outputs x 4 inputs
 ROWS_MULTIPLE = 2 * TILE  # the kernel works on pairs of tiles; weights are padded with zero rows
-SYMMETRIC_OFFSET = {6: 32}  # bits -> the integer that stands for 0 where the min is not stored
+ALWAYS_SYMMETRIC = (6,)  # bits whose weights store no min: the integer 2**(bits-1) stands for 0
 CODED_BITS = (4, 5, 6)  # may hold scales and mins as int8 codes times a float16 step per super-block
 PLAIN_BITS = (4, 5, 8)  # may hold them as float16 per group (4 and 5 bits: groups of 32 only)
 CODE_MAX = 127
@@ -35,13 +37,14 @@ CODE_MAX = 127
 class PackedWeight:
     q: torch.Tensor  # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), chunks/2 (4-bit), 5*chunks/8 (5-bit), 3*chunks/4 (6-bit)
     scale: torch.Tensor  # [N/16, K/group, 16]: float16 (plain) or int8 codes (coded)
-    min: torch.Tensor  # as scale; [N/16, K/group, 0] when symmetric (6-bit)
+    min: torch.Tensor  # as scale; [N/16, K/group, 0] when symmetric
     scale_step: torch.Tensor  # float16 [N/16, K/super-block, 16]: what a scale code of 1 stands for ([.., 0, 16] when plain)
     min_step: torch.Tensor  # float16 as scale_step, for the min codes (empty for 8 and 6 bits)
+    values: torch.Tensor  # uint8 [N/16, 16]: the 8-bit value each 4-bit integer stands for; [N/16, 0]: the integer itself
     bits: int  # 4, 5, 6 or 8
     group: int  # 16 or 32 inputs per scale
 
-    TENSORS = ("q", "scale", "min", "scale_step", "min_step")
+    TENSORS = ("q", "scale", "min", "scale_step", "min_step", "values")
 
     @property
     def out_features(self) -> int:
@@ -51,6 +54,21 @@ class PackedWeight:
     def coded(self) -> bool:
         """Scales and mins as int8 codes times a step per super-block (else float16 per group)."""
         return self.scale.dtype == torch.int8
+
+    @property
+    def symmetric(self) -> bool:
+        """No min stored: w = scale * (value - 2**(value_bits - 1))."""
+        return self.min.shape[2] == 0
+
+    @property
+    def mapped(self) -> bool:
+        """The 4-bit integers stand for values from a table."""
+        return self.values.shape[1] > 0
+
+    @property
+    def value_bits(self) -> int:
+        """The width of the values the integers stand for (8 through a table, else `bits`)."""
+        return 8 if self.mapped else self.bits
 
     @property
     def in_features(self) -> int:
@@ -74,15 +92,19 @@ def super_block_groups(in_features: int, group: int) -> int:
 
 
 def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: int, group: int,
-         scale_step: torch.Tensor | None = None, min_step: torch.Tensor | None = None) -> PackedWeight:
+         scale_step: torch.Tensor | None = None, min_step: torch.Tensor | None = None,
+         values: torch.Tensor | None = None) -> PackedWeight:
     """q [N, K] integers in [0, 2**bits) -> the kernel's layout (N padded with zero rows to a
     multiple of 32). Plain (no steps: 8 bits, 4 and 5 bits in groups of 32): scale, min_
     [N, K/group] float. Coded (4, 5 and 6 bits): scale, min_ [N, K/group] int8 codes and
-    scale_step, min_step [N, K/(group * super_block_groups)] float. Symmetric 6 bits: min_ and
-    min_step None."""
-    if (min_ is None) != (bits in SYMMETRIC_OFFSET):
-        raise ValueError(f"{bits}-bit weights {'have no' if bits in SYMMETRIC_OFFSET else 'need a'} min")
+    scale_step, min_step [N, K/(group * super_block_groups)] float. Symmetric (6 bits; plain 4, 5
+    and 8 bits on request): min_ and min_step None. values: 16 uint8 values the 4-bit integers
+    stand for (symmetric weights in groups of 32 only: w = scale * (values[q] - 128))."""
     coded = scale_step is not None
+    if values is not None and (bits != 4 or min_ is not None or group != 32 or values.shape != (16,)):
+        raise ValueError("a table of 16 values is for symmetric 4-bit weights in groups of 32")
+    if (min_ is None) != (bits in ALWAYS_SYMMETRIC) and (coded or min_ is not None) and values is None:
+        raise ValueError(f"{bits}-bit weights {'have no' if bits in ALWAYS_SYMMETRIC else 'need a'} min")
     if bits not in (CODED_BITS if coded else PLAIN_BITS):
         raise ValueError(f"{bits}-bit weights {'have no' if coded else 'need'} steps per super-block")
     n, k = q.shape
@@ -112,6 +134,8 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
         tiled = torch.cat(lines, dim=2)
     per_tile = lambda t, dtype: (torch.empty(n // TILE, k // group, 0, dtype=dtype) if t is None else
                                  t.reshape(n // TILE, TILE, -1).transpose(1, 2).to(dtype).contiguous())
+    table = (torch.empty(n // TILE, 0, dtype=torch.uint8) if values is None else
+             values.to(torch.uint8).expand(n // TILE, 16).contiguous())
     if coded:
         for codes in (scale, min_):
             if codes is not None and (codes.abs() > CODE_MAX).any():
@@ -122,10 +146,10 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
         return PackedWeight(tiled.contiguous(), per_tile(scale, torch.int8), per_tile(min_, torch.int8),
                             per_tile(scale_step, torch.float16),
                             per_tile(min_step, torch.float16) if min_step is not None else
-                            torch.empty(n // TILE, steps, 0, dtype=torch.float16), bits, group)
+                            torch.empty(n // TILE, steps, 0, dtype=torch.float16), table, bits, group)
     no_steps = torch.empty(n // TILE, 0, TILE, dtype=torch.float16)
     return PackedWeight(tiled.contiguous(), per_tile(scale, torch.float16), per_tile(min_, torch.float16),
-                        no_steps, no_steps, bits, group)
+                        no_steps, no_steps, table, bits, group)
 
 
 def unpack(weight: PackedWeight) -> torch.Tensor:
@@ -146,6 +170,14 @@ def unpack(weight: PackedWeight) -> torch.Tensor:
     return tiled.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, groups * weight.group)
 
 
+def integer_values(weight: PackedWeight) -> torch.Tensor:
+    """The values the packed integers stand for, [N, K] uint8: the integers, or their table's entries."""
+    q = unpack(weight)
+    if not weight.mapped:
+        return q
+    return torch.gather(weight.values.repeat_interleave(TILE, dim=0), 1, q.long()).to(torch.uint8)
+
+
 def group_params(weight: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """scale, min as float32 [N, K/group] (code times step, one float32 product, as the kernel)."""
     as_rows = lambda t: t.float().transpose(1, 2).reshape(weight.out_features, -1).contiguous()
@@ -155,14 +187,13 @@ def group_params(weight: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
         scale = scale * as_rows(weight.scale_step).repeat_interleave(repeat, dim=1)
         if min_ is not None:
             min_ = min_ * as_rows(weight.min_step).repeat_interleave(repeat, dim=1)
-    offset = SYMMETRIC_OFFSET.get(weight.bits)
-    return scale, (offset * scale if offset else min_)
+    return scale, (2 ** (weight.value_bits - 1) * scale if weight.symmetric else min_)
 
 
 def dequantize(weight: PackedWeight) -> torch.Tensor:
     """The float weight [N, K] the packed integers stand for."""
     scale, min_ = group_params(weight)
-    q = unpack(weight).float().view(weight.out_features, -1, weight.group)
+    q = integer_values(weight).float().view(weight.out_features, -1, weight.group)
     return (scale[..., None] * q - min_[..., None]).view(weight.out_features, weight.in_features)
 
 
@@ -185,22 +216,32 @@ def _half_at_least(values: torch.Tensor) -> torch.Tensor:
     return torch.where(half.float() < values, up, half).float()
 
 
-def quantize_float(weight: torch.Tensor, bits: int, group: int = 32, coded: bool | None = None) -> PackedWeight:
-    """A float weight [N, K] into `bits`-bit groups (min-max, rounded to nearest; symmetric
-    around the offset for 6 bits). coded: scales and mins as codes (the default for 4, 5 and 6
-    bits) or float16 (8 bits; 4 and 5 bits on request)."""
+def quantize_float(weight: torch.Tensor, bits: int, group: int = 32, coded: bool | None = None,
+                   symmetric: bool | None = None, values: torch.Tensor | None = None) -> PackedWeight:
+    """A float weight [N, K] into `bits`-bit groups (min-max, rounded to nearest; or symmetric
+    around the offset: 6 bits always, plain 4, 5 and 8 bits on request). coded: scales and mins
+    as codes (the default for 4, 5 and 6 bits) or float16 (8 bits; 4 and 5 bits on request).
+    values: 16 uint8 values, sorted, for 4-bit integers to stand for (w = scale * (value - 128));
+    each weight takes the nearest."""
     coded = bits in CODED_BITS if coded is None else coded
+    symmetric = bits in ALWAYS_SYMMETRIC if symmetric is None else symmetric
+    if values is not None:
+        return _quantize_to_values(weight, group, coded, values)
     n, k = weight.shape
     grouped = weight.detach().float().reshape(n, k // group, group)
-    offset = SYMMETRIC_OFFSET.get(bits)
     levels = (1 << bits) - 1
     per_step = super_block_groups(k, group)
-    if offset:
-        scale_codes, scale_step = _codes(grouped.abs().amax(dim=-1) / (offset - 1), per_step)
-        scale = scale_codes.float() * scale_step.repeat_interleave(per_step, dim=1)
+    if symmetric:
+        offset = 2 ** (bits - 1)
+        largest = grouped.abs().amax(dim=-1) / (offset - 1)
+        if coded:
+            scale_codes, scale_step = _codes(largest, per_step)
+            scale = scale_codes.float() * scale_step.repeat_interleave(per_step, dim=1)
+        else:
+            scale_step, scale = None, _half_at_least(largest)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = torch.round(grouped / safe[..., None]).clamp(-offset, offset - 1) + offset
-        return pack(q.reshape(n, k), scale_codes, None, bits, group, scale_step)
+        return pack(q.reshape(n, k), scale_codes if coded else scale, None, bits, group, scale_step)
     low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
     if coded:
         # The min first (rounded up: the grid starts at or below the group's lowest value), then
@@ -217,6 +258,19 @@ def quantize_float(weight: torch.Tensor, bits: int, group: int = 32, coded: bool
     if coded:
         return pack(q, scale_codes, min_codes, bits, group, scale_step, min_step)
     return pack(q, scale, min_, bits, group)
+
+
+def _quantize_to_values(weight: torch.Tensor, group: int, coded: bool, values: torch.Tensor) -> PackedWeight:
+    n, k = weight.shape
+    grouped = weight.detach().float().reshape(n, k // group, group)
+    points = values.float() - 128  # what each integer stands for, in steps of the scale
+    largest = grouped.abs().amax(dim=-1) / min(-points.min(), points.max())  # both signs within reach
+    scale_codes, scale_step = _codes(largest, super_block_groups(k, group)) if coded else (None, None)
+    scale = (scale_codes.float() * scale_step.repeat_interleave(super_block_groups(k, group), dim=1) if coded
+             else _half_at_least(largest))
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = ((grouped / safe[..., None])[..., None] - points).abs().argmin(dim=-1)
+    return pack(q.reshape(n, k), scale_codes if coded else scale, None, 4, group, scale_step, values=values)
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -240,7 +294,7 @@ def reference_linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     invariant too; it agrees with the kernel to float rounding."""
     q_act, step, scaled_sum = quantize_activations(x.float(), weight.group)
     scale, min_ = group_params(weight)
-    q = unpack(weight).to(torch.int32).view(weight.out_features, -1, weight.group)
+    q = integer_values(weight).to(torch.int32).view(weight.out_features, -1, weight.group)
     groups = q_act.view(x.shape[0], -1, weight.group).to(torch.int32)
     dots = torch.einsum("ngk,mgk->mng", q, groups).float()  # exact: integer sums
     return (dots * scale[None] * step[:, None] - min_[None] * scaled_sum[:, None]).sum(dim=-1)
