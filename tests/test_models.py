@@ -102,3 +102,22 @@ def test_int8_draft_is_smaller_and_keeps_the_target_output(tmp_path, tiny_target
     steps = list(SpeculativeEngine(full, quantized).generate(prompt, GenerationOptions(k=4, adaptive=False, max_new_tokens=32)))
     assert [t.id for s in steps for t in s.tokens] == plain
     assert steps[-1].stats.accepted > 0  # an approximate copy of the target still drafts well
+
+
+def test_model_bytes_count_every_tensor_once_also_beside_empty_ones(tmp_path):
+    """Loaded from safetensors, an empty tensor points where the next one's data starts; it
+    must not hide that tensor (the low-bit target had read 0.63 GiB instead of 1.05)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from torch import nn
+
+    from app.engine.cpu_linear import model_bytes
+
+    save_file({"a": torch.ones(1000), "b": torch.empty(16, 0), "c": torch.ones(10)}, tmp_path / "t.safetensors")
+    loaded = load_file(tmp_path / "t.safetensors")
+    module = nn.Module()
+    for name in ("b", "a", "c"):  # the empty one first, as a low-bit module's buffers can come
+        module.register_buffer(name, loaded[name])
+    assert model_bytes(module) == 4 * 1010
+    module.register_buffer("a_view", loaded["a"][:10])  # a view of a counted storage adds nothing
+    assert model_bytes(module) == 4 * 1010

@@ -50,10 +50,14 @@ def quantize_linears_int8(model: nn.Module) -> nn.Module:
 
 def model_bytes(model: nn.Module) -> int:
     """Bytes of weights: each storage once (tied weights, fused low-bit weights viewed by
-    several modules), packed oneDNN buffers and quantized tensors by their own size."""
+    several modules), packed oneDNN buffers and quantized tensors by their own size. Empty
+    tensors count nothing and are not remembered: loaded from a safetensors file, one points
+    where the next tensor's data starts, which then had counted as already seen."""
     seen: set[int] = set()
 
     def size(value) -> int:
+        if isinstance(value, torch.Tensor) and value.numel() == 0:
+            return 0
         if isinstance(value, torch.Tensor):
             if value.is_mkldnn or value.is_quantized:
                 key, nbytes = id(value), value.numel() * value.element_size()
