@@ -121,3 +121,36 @@ def test_model_bytes_count_every_tensor_once_also_beside_empty_ones(tmp_path):
     assert model_bytes(module) == 4 * 1010
     module.register_buffer("a_view", loaded["a"][:10])  # a view of a counted storage adds nothing
     assert model_bytes(module) == 4 * 1010
+
+
+def test_a_damaged_prepared_copy_is_prepared_again(tmp_path, monkeypatch):
+    """A prepared (repacked) copy that cannot be read is prepared again from the GGUF, with a
+    warning, instead of refusing the model until the user finds and deletes the cache."""
+    from app.engine import models
+    from app.engine.lowbit import loader, store
+    from app.engine.lowbit.modules import quantize_model
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")  # only its name, size and time key the prepared copy here
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    tiny = tiny_model(seed=1)
+    repacked = []
+
+    def repack(path, bits, progress):  # stands in for reading the GGUF only
+        repacked.append(path)
+        return quantize_model(tiny_model(seed=1).model, 8)
+
+    monkeypatch.setattr(loader, "load_gguf_lowbit", repack)
+    monkeypatch.setattr(models, "_gguf_tokenizer", lambda path, model_type: tiny.tokenizer)
+    prompt = [1, 5, 9, 2]
+    first = load_model(str(gguf))
+    expected = generated_ids(SpeculativeEngine(first), prompt, speculative=False, max_new_tokens=6)
+    (folder,) = (tmp_path / "cache" / "models").iterdir()
+    assert store.is_complete(folder) and len(repacked) == 1
+    (folder / store.WEIGHTS).write_bytes(b"not safetensors")  # a damaged copy
+    with pytest.warns(UserWarning, match="could not be read"):
+        again = load_model(str(gguf))
+    assert len(repacked) == 2 and store.is_complete(folder)
+    assert generated_ids(SpeculativeEngine(again), prompt, speculative=False, max_new_tokens=6) == expected
+    load_model(str(gguf))  # and the copy prepared again is read as it is
+    assert len(repacked) == 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -142,24 +143,29 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
         folder = cache_dir() / f"{path.stem}-{_file_key(path)}-{precision.value}"
-    if not lowbit_store.is_complete(folder):
-        gguf_path = default_models.assemble(
-            packaged, cache_dir() / f"{packaged.name}.gguf", lambda stage, f: report(stage, f)
-        ) if packaged else path
-        report(f"Repacking {folder.name} (first start only)", None)
-        from .lowbit.loader import load_gguf_lowbit
-
+    if lowbit_store.is_complete(folder):
+        report(f"Loading {folder.name}", None)
         try:
-            model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {folder.name}", f))
-            tokenizer = _gguf_tokenizer(gguf_path, model.config.model_type)
-        except Exception as error:  # the gguf reader raises many kinds on a damaged file
-            raise ModelError(f"Cannot read GGUF file {gguf_path}: {error}") from error
-        lowbit_store.save(model, tokenizer, folder)
-        if packaged:
-            gguf_path.unlink()  # the parts can rebuild it; the cache keeps only the repacked tensors
-        return model, tokenizer
-    report(f"Loading {folder.name}", None)
-    return lowbit_store.load(folder)
+            return lowbit_store.load(folder)
+        except Exception as error:  # a damaged cache (a cut write, a bad disk block): repacked below
+            warnings.warn(f"SpecChat: the prepared copy in {folder} could not be read ({error!r}); "
+                          "it is prepared again from the GGUF", stacklevel=2)
+            shutil.rmtree(folder, ignore_errors=True)
+    gguf_path = default_models.assemble(
+        packaged, cache_dir() / f"{packaged.name}.gguf", lambda stage, f: report(stage, f)
+    ) if packaged else path
+    report(f"Repacking {folder.name} (first start only)", None)
+    from .lowbit.loader import load_gguf_lowbit
+
+    try:
+        model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {folder.name}", f))
+        tokenizer = _gguf_tokenizer(gguf_path, model.config.model_type)
+    except Exception as error:  # the gguf reader raises many kinds on a damaged file
+        raise ModelError(f"Cannot read GGUF file {gguf_path}: {error}") from error
+    lowbit_store.save(model, tokenizer, folder)
+    if packaged:
+        gguf_path.unlink()  # the parts can rebuild it; the cache keeps only the repacked tensors
+    return model, tokenizer
 
 
 def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase:
