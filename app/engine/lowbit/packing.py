@@ -7,7 +7,7 @@ group of `group` inputs: w = scale * q - min. Symmetric weights (w = scale * (q 
 IQ4_NL and IQ4_XS): w = scale * (values[q] - 128), symmetric.
 
 Each group's scale and min are either float16 ("plain" parameters: 8 bits, and 4 or 5 bits in
-groups of 32, as GGUF's Q4_0, Q4_1, Q5_0 and Q5_1 blocks store them: 5 and 6 bits per weight), or
+groups of 32, as GGUF's Q4_0, Q4_1, Q5_0 and Q5_1 blocks store them: 4.5 to 6 bits per weight), or
 int8 codes times a float16 step per super-block of groups (256 inputs where K allows), as GGUF's
 K-quants store them ("coded": 4, 5 and 6 bits, where float16 would cost a whole bit per weight:
 4.625 bits per weight for 4-bit groups of 32, 5.625 for 5-bit groups of 32, 6.5625 for 6-bit
@@ -233,15 +233,10 @@ def quantize_float(weight: torch.Tensor, bits: int, group: int = 32, coded: bool
     per_step = super_block_groups(k, group)
     if symmetric:
         offset = 2 ** (bits - 1)
-        largest = grouped.abs().amax(dim=-1) / (offset - 1)
-        if coded:
-            scale_codes, scale_step = _codes(largest, per_step)
-            scale = scale_codes.float() * scale_step.repeat_interleave(per_step, dim=1)
-        else:
-            scale_step, scale = None, _half_at_least(largest)
+        stored, scale_step, scale = _scales_reaching(grouped.abs().amax(dim=-1) / (offset - 1), per_step, coded)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = torch.round(grouped / safe[..., None]).clamp(-offset, offset - 1) + offset
-        return pack(q.reshape(n, k), scale_codes if coded else scale, None, bits, group, scale_step)
+        return pack(q.reshape(n, k), stored, None, bits, group, scale_step)
     low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)
     if coded:
         # The min first (rounded up: the grid starts at or below the group's lowest value), then
@@ -260,17 +255,25 @@ def quantize_float(weight: torch.Tensor, bits: int, group: int = 32, coded: bool
     return pack(q, scale, min_, bits, group)
 
 
+def _scales_reaching(largest: torch.Tensor, per_step: int, coded: bool):
+    """Scales at least `largest` [N, G]: what is stored (int8 codes or float16 values), the codes'
+    steps (None when plain) and the scales as float32 [N, G]."""
+    if not coded:
+        scale = _half_at_least(largest)
+        return scale, None, scale
+    codes, step = _codes(largest, per_step)
+    return codes, step, codes.float() * step.repeat_interleave(per_step, dim=1)
+
+
 def _quantize_to_values(weight: torch.Tensor, group: int, coded: bool, values: torch.Tensor) -> PackedWeight:
     n, k = weight.shape
     grouped = weight.detach().float().reshape(n, k // group, group)
     points = values.float() - 128  # what each integer stands for, in steps of the scale
     largest = grouped.abs().amax(dim=-1) / min(-points.min(), points.max())  # both signs within reach
-    scale_codes, scale_step = _codes(largest, super_block_groups(k, group)) if coded else (None, None)
-    scale = (scale_codes.float() * scale_step.repeat_interleave(super_block_groups(k, group), dim=1) if coded
-             else _half_at_least(largest))
+    stored, scale_step, scale = _scales_reaching(largest, super_block_groups(k, group), coded)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = ((grouped / safe[..., None])[..., None] - points).abs().argmin(dim=-1)
-    return pack(q.reshape(n, k), scale_codes if coded else scale, None, 4, group, scale_step, values=values)
+    return pack(q.reshape(n, k), stored, None, 4, group, scale_step, values=values)
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
