@@ -56,9 +56,9 @@ def model_bytes(model: nn.Module) -> int:
     seen: set[int] = set()
 
     def size(value) -> int:
-        if isinstance(value, torch.Tensor) and value.numel() == 0:
-            return 0
         if isinstance(value, torch.Tensor):
+            if value.numel() == 0:
+                return 0
             if value.is_mkldnn or value.is_quantized:
                 key, nbytes = id(value), value.numel() * value.element_size()
             else:

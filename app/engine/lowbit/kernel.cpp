@@ -71,24 +71,30 @@ struct Format {
   bool mapped;     // 4-bit integers stand for 8-bit values from a table
 };
 
-// Calls f(std::integral_constant<int, bits>{}, std::bool_constant<coded>{},
-// std::bool_constant<symmetric>{}, std::bool_constant<mapped>{}) for one of the formats the kernel
-// has: coded 4 and 5 bits with mins and 6 bits without; plain 4, 5 (groups of 32 only) and 8
-// bits, with mins (GGUF's Q4_1, Q5_1) or without (Q4_0, Q5_0, Q8_0); 4 bits through a table,
-// plain (IQ4_NL) or coded (IQ4_XS), symmetric.
+// One instantiation of the kernel: 4-input chunks per group (8 for groups of 32, 4 for 16) and
+// the weight's format.
+template <int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
+struct Shape {
+  static constexpr int kChunks = Chunks, kBits = Bits;
+  static constexpr bool kCoded = Coded, kSymmetric = Symmetric, kMapped = Mapped;
+};
+
+// Calls f(Shape<...>{}) for a weight of one of the formats the kernel has: coded 4 and 5 bits
+// with mins and 6 bits without; plain 4, 5 and 8 bits, with mins (GGUF's Q4_1, Q5_1) or without
+// (Q4_0, Q5_0, Q8_0); 4 bits through a table, plain (IQ4_NL) or coded (IQ4_XS), symmetric. 5-bit,
+// plain 4-bit and mapped weights come in groups of 32 only (check_params).
 template <typename F>
-void with_format(int64_t bits, Format format, F&& f) {
-#define SPECCHAT_FORMAT(B, C, S)                                                                        \
-  f(std::integral_constant<int, B>{}, std::bool_constant<C>{}, std::bool_constant<S>{}, std::false_type{})
-  if (format.mapped) {
-    format.coded ? f(std::integral_constant<int, 4>{}, std::true_type{}, std::true_type{}, std::true_type{})
-                 : f(std::integral_constant<int, 4>{}, std::false_type{}, std::true_type{}, std::true_type{});
-  } else if (bits == 6) SPECCHAT_FORMAT(6, true, true);
-  else if (format.coded) bits == 4 ? SPECCHAT_FORMAT(4, true, false) : SPECCHAT_FORMAT(5, true, false);
-  else if (bits == 4) format.symmetric ? SPECCHAT_FORMAT(4, false, true) : SPECCHAT_FORMAT(4, false, false);
-  else if (bits == 5) format.symmetric ? SPECCHAT_FORMAT(5, false, true) : SPECCHAT_FORMAT(5, false, false);
-  else format.symmetric ? SPECCHAT_FORMAT(8, false, true) : SPECCHAT_FORMAT(8, false, false);
-#undef SPECCHAT_FORMAT
+void with_shape(int64_t bits, Format format, int64_t group, F&& f) {
+#define SPECCHAT_32(B, C, S, M) f(Shape<8, B, C, S, M>{})
+#define SPECCHAT_ANY(B, C, S, M) (group == 32 ? SPECCHAT_32(B, C, S, M) : f(Shape<4, B, C, S, M>{}))
+  if (format.mapped) format.coded ? SPECCHAT_32(4, true, true, true) : SPECCHAT_32(4, false, true, true);
+  else if (bits == 6) SPECCHAT_ANY(6, true, true, false);
+  else if (format.coded) bits == 4 ? SPECCHAT_ANY(4, true, false, false) : SPECCHAT_32(5, true, false, false);
+  else if (bits == 4) format.symmetric ? SPECCHAT_32(4, false, true, false) : SPECCHAT_32(4, false, false, false);
+  else if (bits == 5) format.symmetric ? SPECCHAT_32(5, false, true, false) : SPECCHAT_32(5, false, false, false);
+  else format.symmetric ? SPECCHAT_ANY(8, false, true, false) : SPECCHAT_ANY(8, false, false, false);
+#undef SPECCHAT_ANY
+#undef SPECCHAT_32
 }
 
 // 64-byte lines per group of `chunks` chunks (see the layout above).
@@ -389,17 +395,10 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
     const uint8_t* tq = q + t * tile_bytes;
     const Activations block_act = act.from_row(r0, groups);
     float* to = out + r0 * n + t * kTile;
-    with_format(bits, format, [&](auto bits_c, auto coded_c, auto symmetric_c, auto mapped_c) {
-      constexpr int kBits = decltype(bits_c)::value;
-      constexpr bool kCoded = decltype(coded_c)::value, kSymmetric = decltype(symmetric_c)::value;
-      constexpr bool kMapped = decltype(mapped_c)::value;
-      if (kBits == 5 || group == 32) {
-        rows_kernel<8, kBits, kCoded, kSymmetric, kMapped>(block, tq, tile_bytes, p0, p1, groups, params.per_step, pass,
-                                                           block_act, to, n);
-      } else if constexpr (kBits != 5 && (kCoded || kBits == 8) && !kMapped) {  // plain 4 bits, tables: groups of 32 only
-        rows_kernel<4, kBits, kCoded, kSymmetric, false>(block, tq, tile_bytes, p0, p1, groups, params.per_step, pass,
-                                                         block_act, to, n);
-      }
+    with_shape(bits, format, group, [&](auto shape) {
+      using S = decltype(shape);
+      rows_kernel<S::kChunks, S::kBits, S::kCoded, S::kSymmetric, S::kMapped>(block, tq, tile_bytes, p0, p1, groups,
+                                                                             params.per_step, pass, block_act, to, n);
     });
   }
 }
@@ -616,15 +615,10 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
       const uint8_t* tq = q + tile * tile_bytes;
       const Activations block_act = act.from_row(r0, groups);
       float* to = out + r0 * n + tile * kTile;
-      with_format(bits, format, [&](auto bits_c, auto coded_c, auto symmetric_c, auto mapped_c) {
-        constexpr int kBits = decltype(bits_c)::value;
-        constexpr bool kCoded = decltype(coded_c)::value, kSymmetric = decltype(symmetric_c)::value;
-        constexpr bool kMapped = decltype(mapped_c)::value;
-        if (kBits == 5 || group == 32) {
-          tile_rows<8, kBits, kCoded, kSymmetric, kMapped>(block, tq, p, groups, params.per_step, block_act, to, n);
-        } else if constexpr (kBits != 5 && (kCoded || kBits == 8) && !kMapped) {  // plain 4 bits, tables: groups of 32 only
-          tile_rows<4, kBits, kCoded, kSymmetric, false>(block, tq, p, groups, params.per_step, block_act, to, n);
-        }
+      with_shape(bits, format, group, [&](auto shape) {
+        using S = decltype(shape);
+        tile_rows<S::kChunks, S::kBits, S::kCoded, S::kSymmetric, S::kMapped>(block, tq, p, groups, params.per_step,
+                                                                           block_act, to, n);
       });
     }
   }

@@ -103,8 +103,10 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
     coded = scale_step is not None
     if values is not None and (bits != 4 or min_ is not None or group != 32 or values.shape != (16,)):
         raise ValueError("a table of 16 values is for symmetric 4-bit weights in groups of 32")
-    if (min_ is None) != (bits in ALWAYS_SYMMETRIC) and (coded or min_ is not None) and values is None:
-        raise ValueError(f"{bits}-bit weights {'have no' if bits in ALWAYS_SYMMETRIC else 'need a'} min")
+    if bits in ALWAYS_SYMMETRIC and min_ is not None:
+        raise ValueError(f"{bits}-bit weights have no min")
+    if coded and min_ is None and bits not in ALWAYS_SYMMETRIC and values is None:
+        raise ValueError(f"{bits}-bit weights need a min")
     if bits not in (CODED_BITS if coded else PLAIN_BITS):
         raise ValueError(f"{bits}-bit weights {'have no' if coded else 'need'} steps per super-block")
     n, k = q.shape
