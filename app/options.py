@@ -18,7 +18,7 @@ class LoadOptions:
     target: str = "default-target"
     draft: str = "default-draft"
     precision: Precision = Precision.LOWBIT  # the target runs from the GGUF's own low-bit blocks
-    draft_precision: Precision = Precision.BITS4  # a cheaper draft never changes the answer
+    draft_precision: Precision = Precision.BITS3  # a cheaper draft never changes the answer
     draft_vocabulary: int = COMMON_TOKENS  # speed only, too: the draft proposes common tokens and the conversation's
 
 

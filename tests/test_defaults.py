@@ -9,10 +9,11 @@ def parsed(*argv: str):
 
 
 def test_defaults_are_the_adaptive_engine_the_readme_measures():
-    # The figures in the README come from adaptive k starting at 8, a low-bit target and a 4-bit draft.
+    # The figures in the README come from adaptive k starting at 8, a low-bit target and a draft
+    # whose feed-forward layers are 3-bit (the rest 4-bit).
     assert DEFAULTS == GenerationOptions()
     assert (DEFAULTS.k, DEFAULTS.adaptive, DEFAULTS.speculative) == (8, True, True)
-    assert (LOAD_DEFAULTS.precision.value, LOAD_DEFAULTS.draft_precision.value) == ("lowbit", "4bit")
+    assert (LOAD_DEFAULTS.precision.value, LOAD_DEFAULTS.draft_precision.value) == ("lowbit", "3bit")
 
 
 def test_terminal_chat_and_benchmarks_parse_to_the_defaults():

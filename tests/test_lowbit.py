@@ -21,7 +21,7 @@ FORMATS = [(4, 32, True, False, False), (8, 32, False, False, False), (8, 16, Fa
            (4, 16, True, False, False), (6, 16, True, True, False), (6, 32, True, True, False), (5, 32, True, False, False),
            (4, 32, False, False, False), (5, 32, False, False, False), (4, 32, False, True, False),
            (5, 32, False, True, False), (8, 32, False, True, False), (8, 16, False, True, False),
-           (4, 32, False, True, True), (4, 32, True, True, True)]
+           (4, 32, False, True, True), (4, 32, True, True, True), (3, 32, True, False, False)]
 FORMAT_NAMES = ("bits", "group", "coded", "symmetric", "mapped")
 
 
@@ -266,6 +266,26 @@ def test_a_float_folder_loads_quantized_on_request(tmp_path, tiny_target):
     four = load_model(str(tmp_path / "m"), precision=Precision.BITS4)
     assert four.precision.startswith("4bit") and fp32.precision == "fp32"
     assert four.memory_bytes < 0.3 * fp32.memory_bytes
+    three = load_model(str(tmp_path / "m"), precision=Precision.BITS3)
+    bits = {name: m.bits for name, m in three.model.named_modules() if isinstance(m, LowBitLinear)}
+    assert {b for name, b in bits.items() if ".mlp." in name} == {3}
+    assert {b for name, b in bits.items() if ".mlp." not in name} == {4}
+    assert three.memory_bytes < four.memory_bytes
+
+
+def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():
+    """The default draft's form (feed-forward layers in 3 bits, the rest in 4) through the layer
+    stack: speculation still gives the target's greedy output."""
+    from app.engine import lean_decoder
+
+    target, draft = wide_low_bit(5, 8), wide_low_bit(6, 4, feed_forward_bits=3)
+    assert lean_decoder.native_stack(draft.model) is not None or kernel.native() is None
+    assert {m.bits for m in draft.model.model.layers[0].mlp.modules() if isinstance(m, LowBitLinear)} == {3}
+    engine = SpeculativeEngine(target, draft)
+    prompt = [5, 9, 2, 7]
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=30)
+    for k in (1, 4):
+        assert generated_ids(engine, prompt, k=k, max_new_tokens=30) == plain
 
 
 @pytest.mark.parametrize("hidden", [32, 64])  # 64: q/k/v and gate/up fuse into one call each

@@ -136,7 +136,7 @@ def test_a_damaged_prepared_copy_is_prepared_again(tmp_path, monkeypatch):
     tiny = tiny_model(seed=1)
     repacked = []
 
-    def repack(path, bits, progress):  # stands in for reading the GGUF only
+    def repack(path, bits, progress, feed_forward_bits=None):  # stands in for reading the GGUF only
         repacked.append(path)
         return quantize_model(tiny_model(seed=1).model, 8)
 

@@ -47,11 +47,12 @@ def tiny_model(
     return LoadedModel(name=f"tiny-{seed}", model=model, tokenizer=tiny_tokenizer(vocab_size, prefix))
 
 
-def wide_low_bit(seed: int, bits: int) -> LoadedModel:
+def wide_low_bit(seed: int, bits: int, feed_forward_bits: int | None = None) -> LoadedModel:
     """A tiny low-bit model 64 wide: two groups per row, and q/k/v and gate/up fused."""
     from app.engine.lowbit.modules import quantize_model
 
-    return LoadedModel(f"t-{seed}", quantize_model(tiny_model(seed, hidden=64).model, bits), tiny_model(seed).tokenizer)
+    model = quantize_model(tiny_model(seed, hidden=64).model, bits, feed_forward_bits=feed_forward_bits)
+    return LoadedModel(f"t-{seed}", model, tiny_model(seed).tokenizer)
 
 
 def tiny_sliding_model(seed: int, window: int = 16, vocab_size: int = 96) -> LoadedModel:

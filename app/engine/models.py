@@ -4,11 +4,11 @@ Sources: "default-draft" / "default-target" (the packaged GGUF pair), a Hugging 
 folder, a .gguf file, or a hub id already in the local Hugging Face cache.
 
 Precision on CPU (`Precision`): a GGUF runs from its own low-bit blocks (`lowbit`, the default),
-repacked once into the kernel's layout and cached; `4bit` re-quantizes every matrix to 4 bits (a
-cheaper draft: only the target decides what is emitted); `fp32` dequantizes to float32 (the
-reference; cached as safetensors); `int8` is fp32 with dynamically quantized int8 linears. A model
-folder in fp16/bf16/fp32 is quantized on load to 8 bits (`lowbit`) or 4 bits (`4bit`). On CUDA
-every model runs in bfloat16.
+repacked once into the kernel's layout and cached; `4bit` re-quantizes every matrix to 4 bits and
+`3bit` the feed-forward ones to 3 bits, the others to 4 (a cheaper draft: only the target decides
+what is emitted); `fp32` dequantizes to float32 (the reference; cached as safetensors); `int8` is
+fp32 with dynamically quantized int8 linears. A model folder in fp16/bf16/fp32 is quantized on load
+to 8 bits (`lowbit`) or as `4bit` and `3bit` say. On CUDA every model runs in bfloat16.
 """
 from __future__ import annotations
 
@@ -42,12 +42,18 @@ Progress = Callable[[str, float | None], None]  # (stage, fraction done or None 
 class Precision(str, Enum):
     LOWBIT = "lowbit"  # the GGUF's own blocks (4-8 bits); float folders: 8 bits
     BITS4 = "4bit"  # every weight matrix re-quantized to 4 bits
+    BITS3 = "3bit"  # the feed-forward matrices re-quantized to 3 bits, the others to 4
     FP32 = "fp32"  # dequantized float32: the reference
     INT8 = "int8"  # float32 with dynamically quantized int8 linears (torch.ao)
 
     @property
     def low_bit(self) -> bool:
-        return self in (Precision.LOWBIT, Precision.BITS4)
+        return self in (Precision.LOWBIT, Precision.BITS4, Precision.BITS3)
+
+    @property
+    def requantized_bits(self) -> tuple[int | None, int | None]:
+        """(bits of every weight matrix, bits of the feed-forward ones) when re-quantized, else None."""
+        return {Precision.BITS4: (4, None), Precision.BITS3: (4, 3)}.get(self, (None, None))
 
 
 @dataclass
@@ -130,13 +136,13 @@ def load_model(
 
 def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, precision: Precision,
                   report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    bits = 4 if precision is Precision.BITS4 else None
+    bits, feed_forward_bits = precision.requantized_bits
     path = Path(source).expanduser()
     if packaged is None and path.suffix.lower() != ".gguf":  # a float model folder or hub id
         folder = _prepared_source(source, report)
         report(f"Quantizing {path.name or source} to {bits or 8} bits", None)
         model = _from_pretrained(folder, dtype=torch.float32, **_local_only(folder))
-        return quantize_model(model.eval(), bits or 8), _tokenizer(folder)
+        return quantize_model(model.eval(), bits or 8, feed_forward_bits=feed_forward_bits), _tokenizer(folder)
     if packaged is not None:
         folder = cache_dir() / f"{packaged.name}-{precision.value}"
     else:
@@ -158,7 +164,8 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     from .lowbit.loader import load_gguf_lowbit
 
     try:
-        model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {folder.name}", f))
+        model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {folder.name}", f),
+                                 feed_forward_bits=feed_forward_bits)
         tokenizer = _gguf_tokenizer(gguf_path, model.config.model_type)
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
         raise ModelError(f"Cannot read GGUF file {gguf_path}: {error}") from error

@@ -16,6 +16,7 @@ DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
 DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]
 INCOMPATIBLE = "  (different vocabulary)"
 PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.BITS4: "4-bit",
+                    Precision.BITS3: "3-bit feed-forward, 4-bit rest",
                     Precision.FP32: "fp32 (reference)", Precision.INT8: "fp32 + dynamic int8"}
 
 

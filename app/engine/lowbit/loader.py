@@ -15,14 +15,16 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 
 from . import gguf_file
 from .gguf_weights import packed_from_gguf
-from .modules import LowBitEmbedding, LowBitLinear
+from .modules import LowBitEmbedding, LowBitLinear, is_feed_forward
 
 FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
 
 
 def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
-                     progress: Callable[[float], None] | None = None) -> PreTrainedModel:
-    """requantize_bits: re-quantize every weight matrix to this many bits (a cheaper draft)."""
+                     progress: Callable[[float], None] | None = None,
+                     feed_forward_bits: int | None = None) -> PreTrainedModel:
+    """requantize_bits: re-quantize every weight matrix to this many bits (a cheaper draft);
+    feed_forward_bits: the feed-forward matrices to this many instead."""
     with gguf_file.shared_reader(path) as reader:  # one parse for the config and the tensors
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
@@ -42,7 +44,8 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
         if attribute == "weight" and isinstance(module, (nn.Linear, nn.Embedding)) and len(shape) == 2 \
                 and (tensor.tensor_type not in FLOAT_TYPES or requantize_bits):
             order = _row_order(processor, tensor.name, shape[0])
-            packed = packed_from_gguf(tensor.data, tensor.tensor_type, shape, order, requantize_bits)
+            bits = feed_forward_bits if feed_forward_bits and is_feed_forward(module_name) else requantize_bits
+            packed = packed_from_gguf(tensor.data, tensor.tensor_type, shape, order, bits)
             packed_by_name[module_name] = packed
         else:
             value = dequantize(tensor.data, tensor.tensor_type).reshape(shape)

@@ -49,23 +49,31 @@ class LowBitEmbedding(_Packed):
         return kernel.rows(ids.reshape(-1), self.packed).view(*ids.shape, self.embedding_dim)
 
 
-def quantize_model(model: nn.Module, bits: int, group: int = 32) -> nn.Module:
+def is_feed_forward(module_name: str) -> bool:
+    """A feed-forward (MLP) projection of a Llama/Qwen2-style decoder layer: most of a layer's
+    weights, and where a draft tolerates the fewest bits."""
+    return ".mlp." in f".{module_name}."
+
+
+def quantize_model(model: nn.Module, bits: int, group: int = 32, feed_forward_bits: int | None = None) -> nn.Module:
     """Replace every nn.Linear and nn.Embedding of a float model by low-bit modules, in place
-    (a Hugging Face folder in fp16/bf16/fp32, quantized on load)."""
+    (a Hugging Face folder in fp16/bf16/fp32, quantized on load); feed_forward_bits: the
+    feed-forward projections in this many bits instead."""
     packed: dict[int, PackedWeight] = {}  # tied weights are packed once
 
-    def packed_of(weight: torch.Tensor) -> PackedWeight:
+    def packed_of(weight: torch.Tensor, bits: int) -> PackedWeight:
         key = weight.data_ptr()
         if key not in packed:
             packed[key] = quantize_float(weight, bits, group)
         return packed[key]
 
-    for parent in list(model.modules()):
+    for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.in_features % group == 0:
-                setattr(parent, name, LowBitLinear(packed_of(child.weight), child.bias, child.out_features))
+                child_bits = feed_forward_bits if feed_forward_bits and is_feed_forward(f"{parent_name}.{name}") else bits
+                setattr(parent, name, LowBitLinear(packed_of(child.weight, child_bits), child.bias, child.out_features))
             elif isinstance(child, nn.Embedding) and child.embedding_dim % group == 0:
-                setattr(parent, name, LowBitEmbedding(packed_of(child.weight)))
+                setattr(parent, name, LowBitEmbedding(packed_of(child.weight, bits)))
     return model
 
 
