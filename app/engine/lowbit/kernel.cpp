@@ -18,7 +18,7 @@
 //                                         low bit pairs (chunk 4p+j in bits 2j, 2j+1 of line p), then
 //                                         C/8 lines of top bits (chunk 8h+j in bit j of line C/4+h).
 //   scale       [N/16, K/G, 16]    fp16 (plain: 8 bits; 4 and 5 bits with G = 32) or int8 codes
-//                                  (coded: 4, 5 and 6 bits)
+//                                  (coded: 3, 4, 5 and 6 bits)
 //   min         [N/16, K/G, 16]    as scale, or [N/16, K/G, 0] when symmetric (always for 6 bits; GGUF's
 //                                  Q4_0, Q5_0, Q8_0): min = 2^(bits-1) * scale
 //   scale_step  [N/16, K/G/S, 16]  fp16: what a code of 1 stands for, per super-block of S groups
