@@ -21,7 +21,7 @@ FORMATS = [(4, 32, True, False, False), (8, 32, False, False, False), (8, 16, Fa
            (4, 16, True, False, False), (6, 16, True, True, False), (6, 32, True, True, False), (5, 32, True, False, False),
            (4, 32, False, False, False), (5, 32, False, False, False), (4, 32, False, True, False),
            (5, 32, False, True, False), (8, 32, False, True, False), (8, 16, False, True, False),
-           (4, 32, False, True, True), (4, 32, True, True, True), (3, 32, True, False, False)]
+           (4, 32, False, True, True), (4, 32, True, True, True), (3, 32, True, False, False), (2, 16, True, False, False)]
 FORMAT_NAMES = ("bits", "group", "coded", "symmetric", "mapped")
 
 

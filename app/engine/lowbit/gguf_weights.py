@@ -5,7 +5,7 @@ The common block formats are all `w = scale * q - min` per group:
   Q5_K  5-bit q, the same scales                      -> 5 bits, groups of 32, the same codes and steps
   Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 6 bits (symmetric, no min), groups of 16, codes sc, step d
   Q3_K  3-bit q, w = d*sc*(q-4) per 16                -> 4 bits, groups of 16, codes sc and sc, steps d and 4d
-  Q2_K  2-bit q, w = d*sc*q - dmin*m per 16           -> 4 bits, groups of 16, codes sc and m, steps d and dmin
+  Q2_K  2-bit q, w = d*sc*q - dmin*m per 16           -> 2 bits, groups of 16, codes sc and m, steps d and dmin
   Q4_0  4-bit q, w = d*(q-8) per 32                   -> 4 bits (symmetric), groups of 32, float16 scale d
   Q4_1  4-bit q, w = d*q + m per 32                   -> 4 bits, groups of 32, float16 scale d and min -m
   Q5_0  5-bit q, w = d*(q-16) per 32                  -> 5 bits (symmetric), groups of 32, float16 scale d
@@ -64,7 +64,7 @@ def _q5_k(blocks: np.ndarray) -> Groups:
 def _q2_k(blocks: np.ndarray) -> Groups:
     sc, mn = blocks[:, 0:16] & 0x0F, blocks[:, 0:16] >> 4
     q = (blocks[:, 16:80].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
-    return q.reshape(-1, 256), sc, mn, 4, 16, _half(blocks[:, 80:82]), _half(blocks[:, 82:84])
+    return q.reshape(-1, 256), sc, mn, 2, 16, _half(blocks[:, 80:82]), _half(blocks[:, 82:84])
 
 
 def _q3_k(blocks: np.ndarray) -> Groups:

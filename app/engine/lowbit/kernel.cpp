@@ -1,4 +1,4 @@
-// Low-bit linear layers for the CPU: 3-, 4-, 5-, 6- or 8-bit unsigned weights with a scale and a min per
+// Low-bit linear layers for the CPU: 2-, 3-, 4-, 5-, 6- or 8-bit unsigned weights with a scale and a min per
 // group of G inputs (w = scale * q - min), both float16 ("plain") or int8 codes ("coded"), times activations quantized to int8 per row and per
 // group. Integer dot products do the work: AVX-512 VNNI where the CPU has it, else AVX2 (most
 // laptops: the same products in two 8-output halves of each tile, with the 256-bit VNNI
@@ -14,11 +14,12 @@
 //                                         lines of low nibbles, then C/4 lines of top bit pairs
 //                                         (chunk 4h+j in bits 2j, 2j+1 of line C/2+h); 5-bit (G = 32
 //                                         only): the nibbles, then C/8 lines of top bits (chunk 8h+j
-//                                         in bit j of line C/2+h); 3-bit (G = 32 only): C/4 lines of
-//                                         low bit pairs (chunk 4p+j in bits 2j, 2j+1 of line p), then
-//                                         C/8 lines of top bits (chunk 8h+j in bit j of line C/4+h).
+//                                         in bit j of line C/2+h); 2-bit: C/4 lines of bit pairs
+//                                         (chunk 4p+j in bits 2j, 2j+1 of line p); 3-bit (G = 32
+//                                         only): those C/4 lines, then C/8 lines of top bits (chunk
+//                                         8h+j in bit j of line C/4+h).
 //   scale       [N/16, K/G, 16]    fp16 (plain: 8 bits; 4 and 5 bits with G = 32) or int8 codes
-//                                  (coded: 3, 4, 5 and 6 bits)
+//                                  (coded: 2, 3, 4, 5 and 6 bits)
 //   min         [N/16, K/G, 16]    as scale, or [N/16, K/G, 0] when symmetric (always for 6 bits; GGUF's
 //                                  Q4_0, Q5_0, Q8_0): min = 2^(bits-1) * scale
 //   scale_step  [N/16, K/G/S, 16]  fp16: what a code of 1 stands for, per super-block of S groups
@@ -81,7 +82,7 @@ struct Shape {
   static constexpr bool kCoded = Coded, kSymmetric = Symmetric, kMapped = Mapped;
 };
 
-// Calls f(Shape<...>{}) for a weight of one of the formats the kernel has: coded 3, 4 and 5 bits
+// Calls f(Shape<...>{}) for a weight of one of the formats the kernel has: coded 2, 3, 4 and 5 bits
 // with mins and 6 bits without; plain 4, 5 and 8 bits, with mins (GGUF's Q4_1, Q5_1) or without
 // (Q4_0, Q5_0, Q8_0); 4 bits through a table, plain (IQ4_NL) or coded (IQ4_XS), symmetric. 3- and
 // 5-bit, plain 4-bit and mapped weights come in groups of 32 only (check_params).
@@ -91,6 +92,7 @@ void with_shape(int64_t bits, Format format, int64_t group, F&& f) {
 #define SPECCHAT_ANY(B, C, S, M) (group == 32 ? SPECCHAT_32(B, C, S, M) : f(Shape<4, B, C, S, M>{}))
   if (format.mapped) format.coded ? SPECCHAT_32(4, true, true, true) : SPECCHAT_32(4, false, true, true);
   else if (bits == 6) SPECCHAT_ANY(6, true, true, false);
+  else if (format.coded && bits == 2) SPECCHAT_ANY(2, true, false, false);
   else if (format.coded) bits == 4 ? SPECCHAT_ANY(4, true, false, false)
                          : (bits == 3 ? SPECCHAT_32(3, true, false, false) : SPECCHAT_32(5, true, false, false));
   else if (bits == 4) format.symmetric ? SPECCHAT_32(4, false, true, false) : SPECCHAT_32(4, false, false, false);
@@ -100,8 +102,8 @@ void with_shape(int64_t bits, Format format, int64_t group, F&& f) {
 #undef SPECCHAT_32
 }
 
-// Below 8 bits, an integer's low bits (a nibble, or a bit pair for 3 bits) and its top bits lie
-// in separate lines (see the layout above).
+// Below 8 bits, an integer's low bits (a nibble, or a bit pair for 2 and 3 bits) and its top bits
+// lie in separate lines (see the layout above).
 constexpr int low_bits(int bits) { return bits >= 4 ? 4 : 2; }
 constexpr int top_bits(int bits) { return bits - low_bits(bits); }
 
@@ -150,13 +152,13 @@ struct WeightParams {
 Format check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
                     const at::Tensor& min_step, const at::Tensor& values, int64_t group, int64_t bits) {
   TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
-  TORCH_CHECK(bits >= 3 && bits <= 8 && bits != 7, "bits must be 3, 4, 5, 6 or 8");
+  TORCH_CHECK(bits >= 2 && bits <= 8 && bits != 7, "bits must be 2, 3, 4, 5, 6 or 8");
   TORCH_CHECK((bits != 3 && bits != 5) || group == 32, "3- and 5-bit weights come in groups of 32");
   const bool coded = scale.scalar_type() == at::kChar;
   TORCH_CHECK((coded || scale.scalar_type() == at::kHalf) && min.scalar_type() == scale.scalar_type(),
               "scales and mins must be float16 or int8 codes");
-  TORCH_CHECK(coded ? bits != 8 : bits != 3 && bits != 6 && (bits == 8 || group == 32),
-              "coded scales are for 3, 4, 5 and 6 bits, float16 ones for 8 bits and 4 or 5 bits in groups of 32");
+  TORCH_CHECK(coded ? bits != 8 : bits > 3 && bits != 6 && (bits == 8 || group == 32),
+              "coded scales are for 2, 3, 4, 5 and 6 bits, float16 ones for 8 bits and 4 or 5 bits in groups of 32");
   TORCH_CHECK(!coded || (scale_step.scalar_type() == at::kHalf && scale_step.size(1) > 0 &&
                          scale.size(1) % scale_step.size(1) == 0),
               "coded scales need float16 steps per super-block");
@@ -167,7 +169,7 @@ Format check_params(const at::Tensor& scale, const at::Tensor& min, const at::Te
                           values.size(0) == scale.size(0) && values.size(1) == kTile),
               "a table of values is for symmetric 4-bit weights in groups of 32, 16 uint8 values per tile");
   TORCH_CHECK((mapped || bits == 6) ? symmetric : !coded || (!symmetric && min_step.numel() == scale_step.numel()),
-              "6-bit and mapped weights have no mins; coded 3-, 4- and 5-bit ones need their mins and steps");
+              "6-bit and mapped weights have no mins; coded 2- to 5-bit ones need their mins and steps");
   for (const at::Tensor& t : {scale, min, scale_step, min_step, values}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
   return {coded, symmetric, mapped};
 }
@@ -207,7 +209,8 @@ inline __m512i broadcast4(const int8_t* p) {
 // The unsigned weights of one 4-input chunk of 16 outputs (see packing.pack for the lines):
 // 8-bit: the line itself; 4-bit: a nibble of line chunk/2 (mapped: its entry in `table`, the
 // tile's 16 values in each 128-bit lane); 5- and 6-bit: that nibble plus the chunk's one or two
-// top bits from the lines after the nibbles; 3-bit: a bit pair of line chunk/4 plus its top bit.
+// top bits from the lines after the nibbles; 2-bit: a bit pair of line chunk/4 (3-bit: plus its
+// top bit).
 template <int Chunks, int Bits, bool Mapped>
 inline __m512i chunk_weights(const uint8_t* lines, int chunk, __m512i table) {
   const __m512i* line = reinterpret_cast<const __m512i*>(lines);
@@ -343,7 +346,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
       dot1[chain][r] = _mm512_dpbusd_epi32(dot1[chain][r], w1, word);                \
     }                                                                                \
   }
-    if constexpr (Bits == 5 || Bits == 3) {
+    if constexpr (Bits == 5 || Bits < 4) {
       // Unrolled, so that each chunk's shifts are constants: GCC kept this loop rolled, and 64
       // rows took 1.21-1.26x the 4-bit time instead of 1.02-1.11x (three alternating runs, 5 bits)
 #pragma GCC unroll 8
@@ -502,7 +505,7 @@ inline __m256i pair_sums(__m256i weights, __m256i activations) {
 }
 
 // Chunks whose pair sums add up in 16 bits before madd widens them into the 32-bit lanes (the
-// sums of 4 inputs VNNI gives): exact while every partial sum stays below 32767. 3- and 4-bit: a
+// sums of 4 inputs VNNI gives): exact while every partial sum stays below 32767. 2- to 4-bit: a
 // group of 8 chunks is at most 8 * 2 * 15 * 127 = 30480; 5-bit: 4 chunks 4 * 2 * 31 * 127 = 31496;
 // 6-bit: 2 chunks 2 * 2 * 63 * 127 = 32004; 8-bit: 1.
 template <int Bits, int Chunks>

@@ -1,6 +1,6 @@
 """Low-bit weights: the packed layout the CPU kernel reads, and the pure-torch reference.
 
-A weight [N, K] is stored as unsigned integers q (3, 4, 5, 6 or 8 bits) with a scale and a min per
+A weight [N, K] is stored as unsigned integers q (2, 3, 4, 5, 6 or 8 bits) with a scale and a min per
 group of `group` inputs: w = scale * q - min. Symmetric weights (w = scale * (q - 2^(bits-1)):
 6 bits always, as GGUF's Q6_K; plain 4, 5 and 8 bits as Q4_0, Q5_0 and Q8_0) store no min.
 4-bit integers may also stand for 16 chosen 8-bit values (a table per tile, as GGUF's non-linear
@@ -9,9 +9,9 @@ IQ4_NL and IQ4_XS): w = scale * (values[q] - 128), symmetric.
 Each group's scale and min are either float16 ("plain" parameters: 8 bits, and 4 or 5 bits in
 groups of 32, as GGUF's Q4_0, Q4_1, Q5_0 and Q5_1 blocks store them: 4.5 to 6 bits per weight), or
 int8 codes times a float16 step per super-block of groups (256 inputs where K allows), as GGUF's
-K-quants store them ("coded": 3, 4, 5 and 6 bits, where float16 would cost a whole bit per weight:
-3.625 bits per weight for 3-bit groups of 32, 4.625 for 4-bit groups of 32, 5.625 for 5-bit groups
-of 32, 6.5625 for 6-bit groups of 16). GGUF's Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are all of these
+K-quants store them ("coded": 2 to 6 bits, where float16 would cost a whole bit per weight:
+3.125 bits per weight for 2-bit groups of 16, 3.625 for 3-bit groups of 32, 4.625 for 4-bit groups of 32, 5.625 for 5-bit groups
+of 32, 6.5625 for 6-bit groups of 16). GGUF's Q2_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are all of these
 forms, so they repack without changing a single weight (see gguf_weights.py); float weights are
 quantized into the coded forms (8 bits: plain; 3 bits, a cheaper draft's feed-forward layers).
 
@@ -28,20 +28,20 @@ import torch
 TILE = 16  # outputs per tile: one 64-byte vector holds 16 outputs x 4 inputs
 ROWS_MULTIPLE = 2 * TILE  # the kernel works on pairs of tiles; weights are padded with zero rows
 ALWAYS_SYMMETRIC = (6,)  # bits whose weights store no min: the integer 2**(bits-1) stands for 0
-CODED_BITS = (3, 4, 5, 6)  # may hold scales and mins as int8 codes times a float16 step per super-block
+CODED_BITS = (2, 3, 4, 5, 6)  # may hold scales and mins as int8 codes times a float16 step per super-block
 PLAIN_BITS = (4, 5, 8)  # may hold them as float16 per group (4 and 5 bits: groups of 32 only)
 CODE_MAX = 127
 
 
 @dataclass
 class PackedWeight:
-    q: torch.Tensor  # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), 3*chunks/8 (3-bit), chunks/2 (4-bit), 5*chunks/8 (5-bit), 3*chunks/4 (6-bit)
+    q: torch.Tensor  # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), chunks/4 (2-bit), 3*chunks/8 (3-bit), chunks/2 (4-bit), 5*chunks/8 (5-bit), 3*chunks/4 (6-bit)
     scale: torch.Tensor  # [N/16, K/group, 16]: float16 (plain) or int8 codes (coded)
     min: torch.Tensor  # as scale; [N/16, K/group, 0] when symmetric
     scale_step: torch.Tensor  # float16 [N/16, K/super-block, 16]: what a scale code of 1 stands for ([.., 0, 16] when plain)
     min_step: torch.Tensor  # float16 as scale_step, for the min codes (empty for 8 and 6 bits)
     values: torch.Tensor  # uint8 [N/16, 16]: the 8-bit value each 4-bit integer stands for; [N/16, 0]: the integer itself
-    bits: int  # 3, 4, 5, 6 or 8
+    bits: int  # 2, 3, 4, 5, 6 or 8
     group: int  # 16 or 32 inputs per scale
 
     TENSORS = ("q", "scale", "min", "scale_step", "min_step", "values")
@@ -96,7 +96,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
          values: torch.Tensor | None = None) -> PackedWeight:
     """q [N, K] integers in [0, 2**bits) -> the kernel's layout (N padded with zero rows to a
     multiple of 32). Plain (no steps: 8 bits, 4 and 5 bits in groups of 32): scale, min_
-    [N, K/group] float. Coded (3, 4, 5 and 6 bits; 3 and 5 in groups of 32): scale, min_ [N, K/group] int8 codes and
+    [N, K/group] float. Coded (2 to 6 bits; 3 and 5 in groups of 32): scale, min_ [N, K/group] int8 codes and
     scale_step, min_step [N, K/(group * super_block_groups)] float. Symmetric (6 bits; plain 4, 5
     and 8 bits on request): min_ and min_step None. values: 16 uint8 values the 4-bit integers
     stand for (symmetric weights in groups of 32 only: w = scale * (values[q] - 128))."""
@@ -110,7 +110,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
     if bits not in (CODED_BITS if coded else PLAIN_BITS):
         raise ValueError(f"{bits}-bit weights {'have no' if coded else 'need'} steps per super-block")
     n, k = q.shape
-    if k % group or group not in (16, 32) or bits not in (3, 4, 5, 6, 8) or (bits in (3, 5) and group != 32) \
+    if k % group or group not in (16, 32) or bits not in (2, 3, 4, 5, 6, 8) or (bits in (3, 5) and group != 32) \
             or (not coded and bits < 8 and group != 32):
         raise ValueError(f"cannot pack a [{n}, {k}] weight in {bits} bits with groups of {group}"
                          f"{'' if coded else ' and float16 scales'}")
@@ -150,7 +150,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
 
 def _low_bits(bits: int) -> int:
     """Below 8 bits, the bits of each integer kept in the first lines (the rest follow): a nibble,
-    or a bit pair for 3 bits."""
+    or a bit pair for 2 and 3 bits."""
     return 4 if bits >= 4 else 2
 
 
