@@ -61,17 +61,17 @@ def quantize_model(model: nn.Module, bits: int, group: int = 32, feed_forward_bi
     feed-forward projections in this many bits instead."""
     packed: dict[int, PackedWeight] = {}  # tied weights are packed once
 
-    def packed_of(weight: torch.Tensor, bits: int) -> PackedWeight:
+    def packed_of(weight: torch.Tensor, width: int) -> PackedWeight:
         key = weight.data_ptr()
         if key not in packed:
-            packed[key] = quantize_float(weight, bits, group)
+            packed[key] = quantize_float(weight, width, group)
         return packed[key]
 
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.in_features % group == 0:
-                child_bits = feed_forward_bits if feed_forward_bits and is_feed_forward(f"{parent_name}.{name}") else bits
-                setattr(parent, name, LowBitLinear(packed_of(child.weight, child_bits), child.bias, child.out_features))
+                width = feed_forward_bits if feed_forward_bits and is_feed_forward(f"{parent_name}.{name}") else bits
+                setattr(parent, name, LowBitLinear(packed_of(child.weight, width), child.bias, child.out_features))
             elif isinstance(child, nn.Embedding) and child.embedding_dim % group == 0:
                 setattr(parent, name, LowBitEmbedding(packed_of(child.weight, bits)))
     return model

@@ -10,9 +10,10 @@ Each group's scale and min are either float16 ("plain" parameters: 8 bits, and 4
 groups of 32, as GGUF's Q4_0, Q4_1, Q5_0 and Q5_1 blocks store them: 4.5 to 6 bits per weight), or
 int8 codes times a float16 step per super-block of groups (256 inputs where K allows), as GGUF's
 K-quants store them ("coded": 2 to 6 bits, where float16 would cost a whole bit per weight:
-3.125 bits per weight for 2-bit groups of 16, 3.625 for 3-bit groups of 32, 4.625 for 4-bit groups of 32, 5.625 for 5-bit groups
-of 32, 6.5625 for 6-bit groups of 16). GGUF's Q2_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are all of these
-forms, so they repack without changing a single weight (see gguf_weights.py); float weights are
+3.125 bits per weight for 2-bit groups of 16, 3.625 for 3-bit groups of 32, 4.625 for 4-bit
+groups of 32, 5.625 for 5-bit groups of 32, 6.5625 for 6-bit groups of 16). GGUF's Q2_K, Q4_0,
+Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are all of these forms, so they repack
+without changing a single weight (see gguf_weights.py); float weights are
 quantized into the coded forms (8 bits: plain; 3 bits, a cheaper draft's feed-forward layers).
 
 Activations are quantized to int8 per row and per group (a step of max|x| / 127), so the
@@ -35,7 +36,9 @@ CODE_MAX = 127
 
 @dataclass
 class PackedWeight:
-    q: torch.Tensor  # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), chunks/4 (2-bit), 3*chunks/8 (3-bit), chunks/2 (4-bit), 5*chunks/8 (5-bit), 3*chunks/4 (6-bit)
+    # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), chunks/4 (2-bit), 3*chunks/8 (3-bit),
+    # chunks/2 (4-bit), 5*chunks/8 (5-bit), 3*chunks/4 (6-bit)
+    q: torch.Tensor
     scale: torch.Tensor  # [N/16, K/group, 16]: float16 (plain) or int8 codes (coded)
     min: torch.Tensor  # as scale; [N/16, K/group, 0] when symmetric
     scale_step: torch.Tensor  # float16 [N/16, K/super-block, 16]: what a scale code of 1 stands for ([.., 0, 16] when plain)
