@@ -3,11 +3,11 @@ entry point starts from the same defaults (`GenerationOptions()` and `LoadOption
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .engine.draft_vocabulary import COMMON_TOKENS
 from .engine.engine import GenerationOptions, ProposerKind
-from .engine.models import Precision
+from .engine.models import Precision, default_draft_precision
 from .engine.sampling import SamplingParams
 
 DEFAULTS = GenerationOptions()
@@ -18,7 +18,8 @@ class LoadOptions:
     target: str = "default-target"
     draft: str = "default-draft"
     precision: Precision = Precision.LOWBIT  # the target runs from the GGUF's own low-bit blocks
-    draft_precision: Precision = Precision.BITS3  # a cheaper draft never changes the answer
+    # a cheaper draft never changes the answer; 3-bit feed-forward layers where the kernel gains from them
+    draft_precision: Precision = field(default_factory=default_draft_precision)
     draft_vocabulary: int = COMMON_TOKENS  # speed only, too: the draft proposes common tokens and the conversation's
 
 

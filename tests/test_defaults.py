@@ -1,6 +1,9 @@
 """Every entry point starts from the same generation defaults (issue 7)."""
+import pytest
+
 from app.cli import build_parser
 from app.engine.engine import GenerationOptions
+from app.engine.models import default_draft_precision
 from app.options import DEFAULTS, LOAD_DEFAULTS, generation_options, load_options
 
 
@@ -9,11 +12,20 @@ def parsed(*argv: str):
 
 
 def test_defaults_are_the_adaptive_engine_the_readme_measures():
-    # The figures in the README come from adaptive k starting at 8, a low-bit target and a draft
-    # whose feed-forward layers are 3-bit (the rest 4-bit).
+    # The figures in the README come from adaptive k starting at 8, a low-bit target and, with the
+    # AVX-512 kernel, a draft whose feed-forward layers are 3-bit (the rest 4-bit).
     assert DEFAULTS == GenerationOptions()
     assert (DEFAULTS.k, DEFAULTS.adaptive, DEFAULTS.speculative) == (8, True, True)
-    assert (LOAD_DEFAULTS.precision.value, LOAD_DEFAULTS.draft_precision.value) == ("lowbit", "3bit")
+    assert LOAD_DEFAULTS.precision.value == "lowbit"
+    assert LOAD_DEFAULTS.draft_precision == default_draft_precision()
+
+
+@pytest.mark.parametrize("isa, precision", [("avx512", "3bit"), ("avx2", "4bit"), ("avxvnni", "4bit"), (None, "4bit")])
+def test_the_draft_is_3_bit_only_where_the_kernel_gains_from_it(monkeypatch, isa, precision):
+    from app.engine import models
+
+    monkeypatch.setattr(models, "machine_isa", lambda: isa)
+    assert models.default_draft_precision().value == precision
 
 
 def test_terminal_chat_and_benchmarks_parse_to_the_defaults():
