@@ -48,7 +48,7 @@ class Precision(str, Enum):
 
     @property
     def low_bit(self) -> bool:
-        return self in (Precision.LOWBIT, Precision.BITS4, Precision.BITS3)
+        return self is Precision.LOWBIT or self.requantized_bits[0] is not None
 
     @property
     def requantized_bits(self) -> tuple[int | None, int | None]:

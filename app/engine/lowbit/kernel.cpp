@@ -93,8 +93,9 @@ void with_shape(int64_t bits, Format format, int64_t group, F&& f) {
   if (format.mapped) format.coded ? SPECCHAT_32(4, true, true, true) : SPECCHAT_32(4, false, true, true);
   else if (bits == 6) SPECCHAT_ANY(6, true, true, false);
   else if (format.coded && bits == 2) SPECCHAT_ANY(2, true, false, false);
-  else if (format.coded) bits == 4 ? SPECCHAT_ANY(4, true, false, false)
-                         : (bits == 3 ? SPECCHAT_32(3, true, false, false) : SPECCHAT_32(5, true, false, false));
+  else if (format.coded && bits == 3) SPECCHAT_32(3, true, false, false);
+  else if (format.coded && bits == 4) SPECCHAT_ANY(4, true, false, false);
+  else if (format.coded) SPECCHAT_32(5, true, false, false);
   else if (bits == 4) format.symmetric ? SPECCHAT_32(4, false, true, false) : SPECCHAT_32(4, false, false, false);
   else if (bits == 5) format.symmetric ? SPECCHAT_32(5, false, true, false) : SPECCHAT_32(5, false, false, false);
   else format.symmetric ? SPECCHAT_ANY(8, false, true, false) : SPECCHAT_ANY(8, false, false, false);

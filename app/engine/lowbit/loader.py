@@ -15,7 +15,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 
 from . import gguf_file
 from .gguf_weights import packed_from_gguf
-from .modules import LowBitEmbedding, LowBitLinear, is_feed_forward
+from .modules import LowBitEmbedding, LowBitLinear, width_for
 
 FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
 
@@ -44,7 +44,7 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
         if attribute == "weight" and isinstance(module, (nn.Linear, nn.Embedding)) and len(shape) == 2 \
                 and (tensor.tensor_type not in FLOAT_TYPES or requantize_bits):
             order = _row_order(processor, tensor.name, shape[0])
-            bits = feed_forward_bits if feed_forward_bits and is_feed_forward(module_name) else requantize_bits
+            bits = width_for(module_name, requantize_bits, feed_forward_bits)
             packed = packed_from_gguf(tensor.data, tensor.tensor_type, shape, order, bits)
             packed_by_name[module_name] = packed
         else:

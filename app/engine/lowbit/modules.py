@@ -49,10 +49,11 @@ class LowBitEmbedding(_Packed):
         return kernel.rows(ids.reshape(-1), self.packed).view(*ids.shape, self.embedding_dim)
 
 
-def is_feed_forward(module_name: str) -> bool:
-    """A feed-forward (MLP) projection of a Llama/Qwen2-style decoder layer: most of a layer's
-    weights, and where a draft tolerates the fewest bits."""
-    return ".mlp." in f".{module_name}."
+def width_for(module_name: str, bits: int | None, feed_forward_bits: int | None) -> int | None:
+    """The bits a re-quantized matrix gets: feed_forward_bits for a feed-forward (MLP) projection of
+    a Llama/Qwen2-style decoder layer (most of a layer's weights, and where a draft tolerates the
+    fewest bits) when given, else bits."""
+    return feed_forward_bits if feed_forward_bits and ".mlp." in f".{module_name}." else bits
 
 
 def quantize_model(model: nn.Module, bits: int, group: int = 32, feed_forward_bits: int | None = None) -> nn.Module:
@@ -70,7 +71,7 @@ def quantize_model(model: nn.Module, bits: int, group: int = 32, feed_forward_bi
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.in_features % group == 0:
-                width = feed_forward_bits if feed_forward_bits and is_feed_forward(f"{parent_name}.{name}") else bits
+                width = width_for(f"{parent_name}.{name}", bits, feed_forward_bits)
                 setattr(parent, name, LowBitLinear(packed_of(child.weight, width), child.bias, child.out_features))
             elif isinstance(child, nn.Embedding) and child.embedding_dim % group == 0:
                 setattr(parent, name, LowBitEmbedding(packed_of(child.weight, bits)))

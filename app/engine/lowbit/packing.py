@@ -1,7 +1,7 @@
 """Low-bit weights: the packed layout the CPU kernel reads, and the pure-torch reference.
 
-A weight [N, K] is stored as unsigned integers q (2, 3, 4, 5, 6 or 8 bits) with a scale and a min per
-group of `group` inputs: w = scale * q - min. Symmetric weights (w = scale * (q - 2^(bits-1)):
+A weight [N, K] is stored as unsigned integers q (2, 3, 4, 5, 6 or 8 bits) with a scale and a min
+per group of `group` inputs: w = scale * q - min. Symmetric weights (w = scale * (q - 2^(bits-1)):
 6 bits always, as GGUF's Q6_K; plain 4, 5 and 8 bits as Q4_0, Q5_0 and Q8_0) store no min.
 4-bit integers may also stand for 16 chosen 8-bit values (a table per tile, as GGUF's non-linear
 IQ4_NL and IQ4_XS): w = scale * (values[q] - 128), symmetric.
@@ -13,8 +13,8 @@ K-quants store them ("coded": 2 to 6 bits, where float16 would cost a whole bit 
 3.125 bits per weight for 2-bit groups of 16, 3.625 for 3-bit groups of 32, 4.625 for 4-bit
 groups of 32, 5.625 for 5-bit groups of 32, 6.5625 for 6-bit groups of 16). GGUF's Q2_K, Q4_0,
 Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are all of these forms, so they repack
-without changing a single weight (see gguf_weights.py); float weights are
-quantized into the coded forms (8 bits: plain; 3 bits, a cheaper draft's feed-forward layers).
+without changing a single weight (see gguf_weights.py); float weights are quantized into the
+coded forms (8 bits: plain; 3 bits, a cheaper draft's feed-forward layers).
 
 Activations are quantized to int8 per row and per group (a step of max|x| / 127), so the
 product of one row never depends on the other rows in the batch.
@@ -99,8 +99,8 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
          values: torch.Tensor | None = None) -> PackedWeight:
     """q [N, K] integers in [0, 2**bits) -> the kernel's layout (N padded with zero rows to a
     multiple of 32). Plain (no steps: 8 bits, 4 and 5 bits in groups of 32): scale, min_
-    [N, K/group] float. Coded (2 to 6 bits; 3 and 5 in groups of 32): scale, min_ [N, K/group] int8 codes and
-    scale_step, min_step [N, K/(group * super_block_groups)] float. Symmetric (6 bits; plain 4, 5
+    [N, K/group] float. Coded (2 to 6 bits; 3 and 5 in groups of 32): scale, min_ [N, K/group]
+    int8 codes and scale_step, min_step [N, K/(group * super_block_groups)] float. Symmetric (6 bits; plain 4, 5
     and 8 bits on request): min_ and min_step None. values: 16 uint8 values the 4-bit integers
     stand for (symmetric weights in groups of 32 only: w = scale * (values[q] - 128))."""
     coded = scale_step is not None
@@ -113,7 +113,7 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
     if bits not in (CODED_BITS if coded else PLAIN_BITS):
         raise ValueError(f"{bits}-bit weights {'have no' if coded else 'need'} steps per super-block")
     n, k = q.shape
-    if k % group or group not in (16, 32) or bits not in (2, 3, 4, 5, 6, 8) or (bits in (3, 5) and group != 32) \
+    if k % group or group not in (16, 32) or (bits in (3, 5) and group != 32) \
             or (not coded and bits < 8 and group != 32):
         raise ValueError(f"cannot pack a [{n}, {k}] weight in {bits} bits with groups of {group}"
                          f"{'' if coded else ' and float16 scales'}")
