@@ -13,8 +13,10 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <optional>
 #include <type_traits>
@@ -25,51 +27,6 @@ namespace {
 inline v16::Mask lanes(int64_t remaining) {
   if (remaining <= 0) return 0;
   return remaining >= 16 ? static_cast<v16::Mask>(0xFFFF) : static_cast<v16::Mask>((1u << remaining) - 1);
-}
-
-// Adds bias [width] to every row of out [n, width] in place.
-void add_bias(at::Tensor& out, const at::Tensor& bias) {
-  const int64_t n = out.size(0), width = out.size(1);
-  float* dst = out.data_ptr<float>();
-  const float* b = bias.data_ptr<float>();
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t c = 0; c < width; c += 16) {
-      const v16::Mask m = lanes(width - c);
-      float* at = dst + r * width + c;
-      v16::store(at, m, v16::add(v16::load(m, at), v16::load(m, b + c)));
-    }
-  }
-}
-
-// x [n, K] -> the concatenated outputs of `parts` [n, sum of out_features], biases added.
-at::Tensor project(const at::Tensor& x, const std::vector<Projection>& parts) {
-  if (parts.size() == 1 && parts[0].q.size(0) * 16 == parts[0].out_features) {  // 16 outputs per tile
-    // One projection with no padding rows: its output is the result (copying it out, one value
-    // at a time, had cost about 1.5 ms per pass per row verified on the default target).
-    at::Tensor out = linear(x, parts[0].q, parts[0].scale, parts[0].min, parts[0].scale_step, parts[0].min_step,
-                            parts[0].values, parts[0].group, parts[0].bits);
-    if (parts[0].bias) add_bias(out, *parts[0].bias);
-    return out;
-  }
-  int64_t width = 0;
-  for (const Projection& p : parts) width += p.out_features;
-  const int64_t n = x.size(0);
-  at::Tensor out = at::empty({n, width}, at::kFloat);
-  float* dst = out.data_ptr<float>();
-  int64_t column = 0;
-  for (const Projection& p : parts) {
-    const at::Tensor y = linear(x, p.q, p.scale, p.min, p.scale_step, p.min_step, p.values, p.group, p.bits);
-    const float* src = y.data_ptr<float>();
-    const float* bias = p.bias ? p.bias->data_ptr<float>() : nullptr;
-    const int64_t stride = y.size(1);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < p.out_features; ++c) {
-        dst[r * width + column + c] = bias ? src[r * stride + c] + bias[c] : src[r * stride + c];
-      }
-    }
-    column += p.out_features;
-  }
-  return out;
 }
 
 // Rotary embedding in place on `heads` consecutive vectors of one row (the rotate-half form
@@ -203,7 +160,7 @@ __attribute__((noinline)) void value_block(const float* weights, int64_t score_s
   }
 }
 
-// Rows first..last-1 of the query heads that read kv head g, over the cache: see causal_attention.
+// Rows first..last-1 of the query heads that read kv head g, over the cache: see AttentionTasks.
 // Keys and values go block by block through every row's heads, so a verification reads the
 // cache once rather than once per row (at 1,000 cached tokens re-reading it had made 4 rows' 
 // attention cost 3.5 times one row's).
@@ -263,22 +220,28 @@ void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64
 // query head h reads kv head h / (heads / kv_heads).
 // Each query's scores and output sum in one fixed order (over d, then over keys) whatever n is,
 // and the rows share each thread's reading of the cache.
-void causal_attention(const float* queries, int64_t q_stride, int64_t n, int64_t heads, int64_t kv_heads,
-                      int64_t head_dim, const float* key_cache, const float* value_cache, int64_t capacity,
-                      int64_t start, float scaling, float* out) {
-  const int64_t group = heads / kv_heads;
+struct AttentionTasks {
+  const float* queries;
+  int64_t q_stride, n, heads, kv_heads, head_dim;
+  const float* key_cache;
+  const float* value_cache;
+  int64_t capacity, start;
+  float scaling;
+  float* out;
+
   // A task is one kv head's queries over all rows, or over one row when there are fewer kv
   // heads than threads (so that every thread has work).
-  const int64_t row_tasks = kv_heads >= at::get_num_threads() ? 1 : n;
-  at::parallel_for(0, kv_heads * row_tasks, 1, [&](int64_t begin, int64_t end) {
+  int64_t row_tasks(int64_t threads) const { return kv_heads >= threads ? 1 : n; }
+
+  void run(int64_t row_tasks, int64_t begin, int64_t end) const {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / row_tasks, first = row_tasks == 1 ? 0 : task % row_tasks;
       const int64_t last = row_tasks == 1 ? n : first + 1;
-      attend_kv_head(queries, q_stride, first, last, heads, group, g, head_dim, key_cache + g * head_dim * capacity,
-                     value_cache + g * capacity * head_dim, start, scaling, out);
+      attend_kv_head(queries, q_stride, first, last, heads, heads / kv_heads, g, head_dim,
+                     key_cache + g * head_dim * capacity, value_cache + g * capacity * head_dim, start, scaling, out);
     }
-  });
-}
+  }
+};
 
 // SwiGLU's product silu(gate) * up for one row of `inner` values, 16 at a time: done one
 // std::exp at a time it cost about 1 ms per verified row on the default target (8 rows: a tenth
@@ -297,9 +260,98 @@ void swiglu(const float* gate, const float* up, int64_t inner, float* out) {
   }
 }
 
-void add_into(float* dst, const at::Tensor& y) {
-  const float* src = y.data_ptr<float>();
-  for (int64_t i = 0; i < y.numel(); ++i) dst[i] += src[i];
+// A layer step of the projections of one input (checked here, once, not on every pass).
+Step make_step(const std::vector<Projection>& projections) {
+  Step step;
+  for (const Projection& p : projections) {
+    Part part{PreparedWeight(p), p.bias ? p.bias->data_ptr<float>() : nullptr, p.out_features, step.width,
+              step.padded_width};
+    const int64_t input = part.weight.params.groups * p.group;
+    TORCH_CHECK(p.out_features <= 2 * kTile * part.weight.pairs, "more outputs than the packed weight holds");
+    TORCH_CHECK(step.parts.empty() || input == step.input, "the projections of one step must share their input");
+    TORCH_CHECK(!p.bias || (p.bias->scalar_type() == at::kFloat && p.bias->is_contiguous() &&
+                            p.bias->numel() == p.out_features),
+                "a bias must be float32 [out_features]");
+    step.input = input;
+    step.groups[p.group == 32] = true;
+    step.width += p.out_features;
+    step.padded_width += 2 * kTile * part.weight.pairs;
+    step.parts.push_back(part);
+  }
+  return step;
+}
+
+// The buffers of one call of the stack for n rows, allocated once per call rather than per
+// layer and operation.
+struct Workspace {
+  std::vector<float> normed, qkv, attended, gate_up, inner, padded;  // the steps' inputs and outputs
+  std::vector<int8_t> values[2];  // int8 activations in groups of 16 and of 32: [n, widest input]
+  std::vector<float> steps[2], scaled_sums[2];
+  std::vector<int32_t> sums[2];
+
+  // The int8 activations of a step's input in groups of `group`.
+  QuantizedView quantized(const Step& step, int64_t group) {
+    const int g = group == 32;
+    return {values[g].data(), steps[g].data(), scaled_sums[g].data(), sums[g].data(), step.input};
+  }
+};
+
+// This thread's share of making a step's input int8: units of 16 or 32 inputs (the step's largest
+// group) of x [n, step.input], each first written by make(row, column, count), then quantized in
+// every group size the step's parts take.
+template <typename Make>
+void quantize_share(const Step& step, int64_t n, const float* x, Workspace& ws, int thread, int threads,
+                    Make&& make) {
+  const int64_t k = step.input, unit = step.groups[1] ? 32 : 16, per_row = k / unit;
+  const auto [begin, end] = share(n * per_row, thread, threads);
+  for (int64_t u = begin; u < end; ++u) {
+    const int64_t row = u / per_row, column = (u % per_row) * unit;
+    make(row, column, unit);
+    for (const int64_t group : {16, 32}) {
+      if (!step.groups[group == 32]) continue;
+      const int64_t first = (row * k + column) / group;
+      quantize_groups(x, group, first, first + unit / group, ws.quantized(step, group));
+    }
+  }
+}
+
+// Tile pairs begin .. end - 1 of a step's products (its parts' pairs in order). Each pair's real
+// outputs go to out [n, out_stride] at its part's column, plus the bias; with `add`, onto what out
+// holds (the residual stream). Weights without padding, bias or add are written there directly;
+// the others go through the padded buffer.
+void step_products(const Step& step, int64_t n, Workspace& ws, float* out, int64_t out_stride, bool add, int64_t begin,
+                   int64_t end) {
+  int64_t first_pair = 0;  // of the part, among the step's
+  for (const Part& part : step.parts) {
+    const int64_t lo = std::max(begin - first_pair, int64_t{0});
+    const int64_t hi = std::min(end - first_pair, part.weight.pairs);
+    first_pair += part.weight.pairs;
+    if (lo >= hi) continue;
+    const Activations act = ws.quantized(step, part.weight.group).activations();
+    if (!add && !part.bias && part.out_features == 2 * kTile * part.weight.pairs) {
+      pair_range(part.weight, act, n, lo, hi, out + part.column, out_stride);
+      continue;
+    }
+    float* padded = ws.padded.data() + part.padded_column;
+    pair_range(part.weight, act, n, lo, hi, padded, step.padded_width);
+    const int64_t c0 = 2 * kTile * lo, c1 = std::min(2 * kTile * hi, part.out_features);
+    for (int64_t r = 0; r < n; ++r) {
+      const float* src = padded + r * step.padded_width;
+      float* dst = out + r * out_stride + part.column;
+      for (int64_t c = c0; c < c1; ++c) {
+        const float value = part.bias ? src[c] + part.bias[c] : src[c];
+        dst[c] = add ? dst[c] + value : value;
+      }
+    }
+  }
+}
+
+// A step's products shared between the team (see take_pairs).
+void products_shared(const Step& step, int64_t n, Workspace& ws, float* out, int64_t out_stride, bool add,
+                     PairRange* ranges, int thread, int threads) {
+  take_pairs(ranges, thread, threads, step.padded_width / (2 * kTile), [&](int64_t first, int64_t end) {
+    step_products(step, n, ws, out, out_stride, add, first, end);
+  });
 }
 
 }  // namespace
@@ -316,9 +368,11 @@ at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int
               "cache shapes do not match");
   const at::Tensor blocked = keys.view({kv_heads, capacity / kKeyBlock, kKeyBlock, head_dim}).transpose(2, 3).contiguous();
   at::Tensor out = at::empty({n, heads, head_dim}, at::kFloat);
-  causal_attention(queries.data_ptr<float>(), heads * head_dim, n, heads, kv_heads, head_dim,
-                   blocked.data_ptr<float>(), values.data_ptr<float>(), capacity, start, static_cast<float>(scaling),
-                   out.data_ptr<float>());
+  const AttentionTasks tasks{queries.data_ptr<float>(), heads * head_dim, n, heads, kv_heads, head_dim,
+                             blocked.data_ptr<float>(), values.data_ptr<float>(), capacity, start,
+                             static_cast<float>(scaling), out.data_ptr<float>()};
+  const int64_t row_tasks = tasks.row_tasks(at::get_num_threads());
+  at::parallel_for(0, kv_heads * row_tasks, 1, [&](int64_t begin, int64_t end) { tasks.run(row_tasks, begin, end); });
   return out;
 }
 
@@ -335,43 +389,140 @@ at::Tensor swiglu_rows(at::Tensor gate_up) {
   return out;
 }
 
+LayerStack::LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                       double scaling, double eps)
+    : layers_(std::move(layers)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
+      scaling_(static_cast<float>(scaling)), eps_(eps) {
+  TORCH_CHECK(!layers_.empty() && heads % kv_heads == 0 && head_dim % 2 == 0,
+              "layers, heads a multiple of kv_heads and an even head_dim");
+  for (const Layer& layer : layers_) {
+    Steps steps{make_step(layer.qkv), make_step({layer.output}), make_step(layer.gate_up), make_step({layer.down})};
+    const int64_t d = layer.input_norm.numel();
+    TORCH_CHECK(steps.qkv.input == d && steps.qkv.width == (heads + 2 * kv_heads) * head_dim &&
+                    steps.output.input == heads * head_dim && steps.output.width == d && steps.gate_up.input == d &&
+                    steps.gate_up.width == 2 * steps.down.input && steps.down.width == d &&
+                    layer.post_norm.numel() == d,
+                "the layer's projections do not fit together");
+    steps_.push_back(std::move(steps));
+  }
+}
+
 at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>& keys,
                                const std::vector<at::Tensor>& values, at::Tensor cos, at::Tensor sin, int64_t start) {
   TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one cache per layer");
   hidden = hidden.contiguous().clone();
   cos = cos.contiguous();
   sin = sin.contiguous();
-  const int64_t n = hidden.size(0), hd = head_dim_;
-  const int64_t q_width = heads_ * hd, kv_width = kv_heads_ * hd;
+  const int64_t n = hidden.size(0), hd = head_dim_, d = hidden.size(1);
+  const int64_t q_width = heads_ * hd, kv_width = kv_heads_ * hd, group = heads_ / kv_heads_;
   TORCH_CHECK(keys[0].size(3) == kKeyBlock && keys[0].size(1) * kKeyBlock == values[0].size(1),
               "keys must be in blocks of kKeyBlock, as many as the values hold");
   TORCH_CHECK(start + n <= values[0].size(1), "the KV cache is too small");
+  TORCH_CHECK(d == layers_[0].input_norm.numel(), "hidden states of the wrong width");
+  int64_t widest_input = 0, widest_padded = 0;
+  for (const Steps& s : steps_) {
+    for (const Step* step : {&s.qkv, &s.output, &s.gate_up, &s.down}) {
+      widest_input = std::max(widest_input, step->input);
+      widest_padded = std::max(widest_padded, step->padded_width);
+    }
+  }
+  const int64_t qkv_width = q_width + 2 * kv_width, inner = steps_[0].down.input;
+  Workspace ws;
+  ws.normed.resize(n * d);
+  ws.qkv.resize(n * qkv_width);
+  ws.attended.resize(n * q_width);
+  ws.gate_up.resize(n * 2 * inner);
+  ws.inner.resize(n * inner);
+  ws.padded.resize(n * widest_padded);
+  for (int g = 0; g < 2; ++g) {
+    ws.values[g].resize(n * widest_input);
+    ws.steps[g].resize(n * widest_input / 16);
+    ws.scaled_sums[g].resize(n * widest_input / 16);
+    ws.sums[g].resize(n * widest_input / 16);
+  }
+  std::vector<PairRange> ranges;  // set by the team's first thread
   float* h = hidden.data_ptr<float>();
-  for (size_t index = 0; index < layers_.size(); ++index) {
-    const Layer& layer = layers_[index];
-    at::Tensor qkv = project(rms_norm(hidden, layer.input_norm, eps_), layer.qkv);  // [n, q+k+v]
-    float* qkv_ptr = qkv.data_ptr<float>();
-    const int64_t capacity = values[index].size(1), qkv_width = qkv.size(1);
-    float* key_cache = keys[index].data_ptr<float>();
-    float* value_cache = values[index].data_ptr<float>();
-    for (int64_t r = 0; r < n; ++r) {
-      float* row = qkv_ptr + r * qkv_width;
-      rotate(row, heads_, hd, cos.data_ptr<float>() + r * hd, sin.data_ptr<float>() + r * hd);
-      rotate(row + q_width, kv_heads_, hd, cos.data_ptr<float>() + r * hd, sin.data_ptr<float>() + r * hd);
-      for (int64_t g = 0; g < kv_heads_; ++g) {
-        const float* key = row + q_width + g * hd;
-        const int64_t position = start + r;
-        float* block = key_cache + g * capacity * hd + (position / kKeyBlock) * hd * kKeyBlock;
-        for (int64_t d = 0; d < hd; ++d) block[d * kKeyBlock + position % kKeyBlock] = key[d];
-        std::copy_n(row + q_width + kv_width + g * hd, hd, value_cache + (g * capacity + start + r) * hd);
+  const float* cos_rows = cos.data_ptr<float>();
+  const float* sin_rows = sin.data_ptr<float>();
+  // One team of threads for the whole stack, meeting at a barrier after each step: forking and
+  // joining for each operation had left one core idle while the other ran the small serial parts
+  // (norms, quantization, rotary embedding, SwiGLU, allocations).
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    // The tile pairs left per step of every layer, per thread.
+#pragma omp single
+    {
+      ranges = std::vector<PairRange>(4 * layers_.size() * threads);
+      for (size_t index = 0; index < layers_.size(); ++index) {
+        const Steps& s = steps_[index];
+        PairRange* at = ranges.data() + 4 * index * threads;
+        for (const Step* step : {&s.qkv, &s.output, &s.gate_up, &s.down}) {
+          share_pairs(step->padded_width / (2 * kTile), at, threads);
+          at += threads;
+        }
       }
     }
-    at::Tensor attended = at::empty({n, q_width}, at::kFloat);
-    causal_attention(qkv_ptr, qkv_width, n, heads_, kv_heads_, hd, key_cache, value_cache, capacity, start,
-                     scaling_, attended.data_ptr<float>());
-    add_into(h, project(attended, {layer.output}));
-    at::Tensor gate_up = project(rms_norm(hidden, layer.post_norm, eps_), layer.gate_up);  // [n, 2I]
-    add_into(h, project(swiglu_rows(gate_up), {layer.down}));
+    for (size_t index = 0; index < layers_.size(); ++index) {
+      PairRange* layer_ranges = ranges.data() + 4 * index * threads;
+      const Layer& layer = layers_[index];
+      const Steps& steps = steps_[index];
+      const int64_t capacity = values[index].size(1);
+      float* key_cache = keys[index].data_ptr<float>();
+      float* value_cache = values[index].data_ptr<float>();
+      // RMSNorm of h's rows into `normed`, unit by unit (each thread works out a row's scale itself)
+      const auto normalise = [&](const at::Tensor& weight) {
+        return [&, w = weight.data_ptr<float>(), scaled_row = int64_t{-1}, row_scale = 0.f](
+                   int64_t row, int64_t column, int64_t count) mutable {
+          if (row != scaled_row) {
+            row_scale = rms_scale(h + row * d, d, eps_);
+            scaled_row = row;
+          }
+          for (int64_t i = column; i < column + count; ++i) ws.normed[row * d + i] = h[row * d + i] * row_scale * w[i];
+        };
+      };
+      quantize_share(steps.qkv, n, ws.normed.data(), ws, thread, threads, normalise(layer.input_norm));
+#pragma omp barrier
+      products_shared(steps.qkv, n, ws, ws.qkv.data(), qkv_width, false, layer_ranges, thread, threads);
+#pragma omp barrier
+      {  // rotary embedding and the cache write, per row and kv head
+        const auto [begin, end] = share(n * kv_heads_, thread, threads);
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t r = task / kv_heads_, g = task % kv_heads_, position = start + r;
+          float* row = ws.qkv.data() + r * qkv_width;
+          float* key = row + q_width + g * hd;
+          rotate(row + g * group * hd, group, hd, cos_rows + r * hd, sin_rows + r * hd);
+          rotate(key, 1, hd, cos_rows + r * hd, sin_rows + r * hd);
+          float* block = key_cache + g * capacity * hd + (position / kKeyBlock) * hd * kKeyBlock;
+          for (int64_t i = 0; i < hd; ++i) block[i * kKeyBlock + position % kKeyBlock] = key[i];
+          std::copy_n(row + q_width + kv_width + g * hd, hd, value_cache + (g * capacity + position) * hd);
+        }
+      }
+#pragma omp barrier
+      {
+        const AttentionTasks tasks{ws.qkv.data(), qkv_width, n, heads_, kv_heads_, hd, key_cache, value_cache,
+                                   capacity, start, scaling_, ws.attended.data()};
+        const int64_t row_tasks = tasks.row_tasks(threads);
+        const auto [begin, end] = share(kv_heads_ * row_tasks, thread, threads);
+        tasks.run(row_tasks, begin, end);
+      }
+#pragma omp barrier
+      quantize_share(steps.output, n, ws.attended.data(), ws, thread, threads, [](int64_t, int64_t, int64_t) {});
+#pragma omp barrier
+      products_shared(steps.output, n, ws, h, d, true, layer_ranges + 1 * threads, thread, threads);
+#pragma omp barrier
+      quantize_share(steps.gate_up, n, ws.normed.data(), ws, thread, threads, normalise(layer.post_norm));
+#pragma omp barrier
+      products_shared(steps.gate_up, n, ws, ws.gate_up.data(), 2 * inner, false, layer_ranges + 2 * threads, thread, threads);
+#pragma omp barrier
+      quantize_share(steps.down, n, ws.inner.data(), ws, thread, threads, [&](int64_t row, int64_t column, int64_t count) {
+        const float* gate = ws.gate_up.data() + row * 2 * inner + column;
+        swiglu(gate, gate + inner, count, ws.inner.data() + row * inner + column);
+      });
+#pragma omp barrier
+      products_shared(steps.down, n, ws, h, d, true, layer_ranges + 3 * threads, thread, threads);
+#pragma omp barrier
+    }
   }
   return hidden;
 }

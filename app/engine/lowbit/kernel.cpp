@@ -34,6 +34,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -42,37 +43,7 @@
 
 namespace {
 
-constexpr int64_t kTile = 16;
 constexpr int64_t kAheadBytes = 8192;  // how far ahead each weight stream is prefetched
-
-struct QuantizedRows {
-  at::Tensor q;           // int8 [M, K]
-  at::Tensor scale;       // float [M, K/G]: int8 step of each group
-  at::Tensor scaled_sum;  // float [M, K/G]: scale * (sum of the group's int8 values)
-  at::Tensor sum;         // int32 [M, K/G]: sum of the group's int8 values
-};
-
-// One block of activation rows, quantized: int8 values [rows, k], and per row and group the
-// int8 step, the step times the group's sum and the sum itself.
-struct Activations {
-  const int8_t* q;
-  const float* step;
-  const float* scaled_sum;
-  const int32_t* sum;
-  int64_t k;
-
-  // The block of rows that starts at row r0 (of `groups` groups each).
-  Activations from_row(int64_t r0, int64_t groups) const {
-    return {q + r0 * k, step + r0 * groups, scaled_sum + r0 * groups, sum + r0 * groups, k};
-  }
-};
-
-// How a packed weight stores its groups' parameters (see check_params).
-struct Format {
-  bool coded;      // int8 codes times float16 steps (else float16 per group)
-  bool symmetric;  // no min stored: w = scale * (value - 2^(value bits - 1))
-  bool mapped;     // 4-bit integers stand for 8-bit values from a table
-};
 
 // One instantiation of the kernel: 4-input chunks per group (8 for groups of 32, 4 for 16) and
 // the weight's format.
@@ -112,42 +83,6 @@ constexpr int top_bits(int bits) { return bits - low_bits(bits); }
 constexpr int64_t lines_per_group(int64_t chunks, int64_t bits) {
   return bits == 8 ? chunks : chunks * low_bits(bits) / 8 + chunks * top_bits(bits) / 8;
 }
-
-// Where one tile's group scales and mins live.
-struct TileParams {
-  const void* scale;  // [groups, 16]: float16 (plain) or int8 codes
-  const void* min;    // as scale; unused when symmetric
-  const at::Half* scale_step;  // [super-blocks, 16] float16 (coded only)
-  const at::Half* min_step;
-  const uint8_t* values;  // [16]: what each 4-bit integer stands for (mapped only)
-};
-
-// The parameters of one packed weight as raw pointers, for any of its tiles.
-struct WeightParams {
-  const uint8_t* scale;  // bytes, float16 or int8 elements
-  const uint8_t* min;
-  const at::Half* scale_step;
-  const at::Half* min_step;
-  const uint8_t* values;
-  int64_t param_bytes, groups, steps;  // element size of scale/min; groups and super-blocks per tile row
-  int64_t per_step;  // groups per super-block (all of them when there are no steps: plain)
-
-  WeightParams(const at::Tensor& scale_t, const at::Tensor& min_t, const at::Tensor& scale_step_t,
-               const at::Tensor& min_step_t, const at::Tensor& values_t)
-      : scale(static_cast<const uint8_t*>(scale_t.data_ptr())),
-        min(min_t.numel() ? static_cast<const uint8_t*>(min_t.data_ptr()) : nullptr),
-        scale_step(scale_step_t.numel() ? scale_step_t.data_ptr<at::Half>() : nullptr),
-        min_step(min_step_t.numel() ? min_step_t.data_ptr<at::Half>() : nullptr),
-        values(values_t.numel() ? values_t.data_ptr<uint8_t>() : nullptr),
-        param_bytes(scale_t.element_size()), groups(scale_t.size(1)), steps(scale_step_t.size(1)),
-        per_step(steps ? groups / steps : groups) {}
-
-  TileParams tile(int64_t t) const {
-    const int64_t at = t * groups * kTile * param_bytes, step_at = t * steps * kTile;
-    return {scale + at, min ? min + at : nullptr, scale_step ? scale_step + step_at : nullptr,
-            min_step ? min_step + step_at : nullptr, values ? values + t * kTile : nullptr};
-  }
-};
 
 // Checks the packed parameters; returns their format.
 Format check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
@@ -645,27 +580,26 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
 }
 #endif
 
-// Symmetric int8 per row and group; the same arithmetic as packing.quantize_activations
-// (max |x|, one division each for the step and its inverse, round half to even), a vector of
-// values per instruction and groups shared between threads: done one value at a time it had cost
-// as much as the products themselves on a few rows.
+struct QuantizedRows {
+  at::Tensor q;           // int8 [M, K]
+  at::Tensor scale;       // float [M, K/G]: int8 step of each group
+  at::Tensor scaled_sum;  // float [M, K/G]: scale * (sum of the group's int8 values)
+  at::Tensor sum;         // int32 [M, K/G]: sum of the group's int8 values
+
+  QuantizedView view() {
+    return {q.data_ptr<int8_t>(), scale.data_ptr<float>(), scaled_sum.data_ptr<float>(), sum.data_ptr<int32_t>(),
+            q.size(1)};
+  }
+};
+
+// Symmetric int8 per row and group, groups shared between threads (see quantize_groups).
 QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
   const int64_t rows = x.size(0), k = x.size(1), groups = k / group;
   QuantizedRows out{at::empty({rows, k}, at::kChar), at::empty({rows, groups}, at::kFloat),
                     at::empty({rows, groups}, at::kFloat), at::empty({rows, groups}, at::kInt)};
+  const QuantizedView view = out.view();
   const float* src = x.data_ptr<float>();
-  int8_t* q = out.q.data_ptr<int8_t>();
-  float* scale = out.scale.data_ptr<float>();
-  float* scaled_sum = out.scaled_sum.data_ptr<float>();
-  int32_t* int_sum = out.sum.data_ptr<int32_t>();
-  at::parallel_for(0, rows * groups, 1024, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const GroupQuantized quantized = quantize_group(src + i * group, group, q + i * group);
-      scale[i] = quantized.step;
-      scaled_sum[i] = quantized.step * static_cast<float>(quantized.sum);
-      int_sum[i] = quantized.sum;
-    }
-  });
+  at::parallel_for(0, rows * groups, 1024, [&](int64_t begin, int64_t end) { quantize_groups(src, group, begin, end, view); });
   return out;
 }
 
@@ -675,26 +609,61 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t group) {
 at::Tensor linear(at::Tensor x, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
                   at::Tensor min_step, at::Tensor values, int64_t group, int64_t bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
-  const Format format = check_params(scale, min, scale_step, min_step, values, group, bits);
+  const PreparedWeight weight(Projection{q, scale, min, scale_step, min_step, values, std::nullopt, group, bits, 0});
   x = x.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1), tiles = scale.size(0), groups = k / group;
-  TORCH_CHECK(k % group == 0 && scale.size(1) == groups, "K does not match the packed weight");
-  TORCH_CHECK(tiles % 2 == 0, "the kernel works on pairs of 16-output tiles (N % 32 == 0)");
-  const QuantizedRows act = quantize_rows(x, group);
+  const int64_t rows = x.size(0), k = x.size(1), tiles = 2 * weight.pairs;
+  TORCH_CHECK(k % group == 0 && weight.params.groups == k / group, "K does not match the packed weight");
+  QuantizedRows act = quantize_rows(x, group);
   at::Tensor out = at::empty({rows, tiles * kTile}, at::kFloat);
-  const int64_t tile_bytes = q.numel() / tiles;
-  const uint8_t* q_ptr = q.data_ptr<uint8_t>();
-  const WeightParams params(scale, min, scale_step, min_step, values);
+  const Activations all_rows = act.view().activations();
   float* out_ptr = out.data_ptr<float>();
-  const int64_t n = tiles * kTile;
-  const Activations all_rows{act.q.data_ptr<int8_t>(), act.scale.data_ptr<float>(), act.scaled_sum.data_ptr<float>(),
-                             act.sum.data_ptr<int32_t>(), k};
-  at::parallel_for(0, tiles / 2, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t pair = begin; pair < end; ++pair) {
-      pair_products(2 * pair, static_cast<int>(rows), q_ptr, tile_bytes, params, group, bits, format, all_rows, out_ptr, n);
-    }
-  });
+  std::vector<PairRange> ranges(at::get_num_threads());
+#pragma omp parallel num_threads(ranges.size())
+  {
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+#pragma omp single
+    share_pairs(weight.pairs, ranges.data(), threads);
+    take_pairs(ranges.data(), thread, threads, weight.pairs, [&](int64_t first, int64_t end) {
+      pair_range(weight, all_rows, rows, first, end, out_ptr, tiles * kTile);
+    });
+  }
   return out;
+}
+
+void share_pairs(int64_t pairs, PairRange* ranges, int threads) {
+  for (int t = 0; t < threads; ++t) {
+    const auto [begin, end] = share(pairs, t, threads);
+    ranges[t].store(static_cast<uint64_t>(end) << 32 | begin);
+  }
+}
+
+// Symmetric int8 per row and group; the same arithmetic as packing.quantize_activations
+// (max |x|, one division each for the step and its inverse, round half to even), a vector of
+// values per instruction: done one value at a time it had cost as much as the products
+// themselves on a few rows.
+void quantize_groups(const float* x, int64_t group, int64_t begin, int64_t end, const QuantizedView& out) {
+  for (int64_t i = begin; i < end; ++i) {
+    const GroupQuantized quantized = quantize_group(x + i * group, group, out.q + i * group);
+    out.step[i] = quantized.step;
+    out.scaled_sum[i] = quantized.step * static_cast<float>(quantized.sum);
+    out.sum[i] = quantized.sum;
+  }
+}
+
+PreparedWeight::PreparedWeight(const Projection& p)
+    : format(check_params(p.scale, p.min, p.scale_step, p.min_step, p.values, p.group, p.bits)),
+      q(p.q.data_ptr<uint8_t>()), tile_bytes(p.q.numel() / std::max<int64_t>(1, p.scale.size(0))),
+      pairs(p.scale.size(0) / 2), params(p.scale, p.min, p.scale_step, p.min_step, p.values), group(p.group),
+      bits(p.bits) {
+  TORCH_CHECK(p.scale.size(0) % 2 == 0, "the kernel works on pairs of 16-output tiles (N % 32 == 0)");
+}
+
+void pair_range(const PreparedWeight& w, const Activations& act, int64_t rows, int64_t first, int64_t end, float* out,
+                int64_t out_stride) {
+  for (int64_t pair = first; pair < end; ++pair) {
+    pair_products(2 * pair, static_cast<int>(rows), w.q, w.tile_bytes, w.params, w.group, w.bits, w.format, act, out,
+                  out_stride);
+  }
 }
 
 // The float rows of the weight for the given output indices (embedding lookup): [len(ids), K].
@@ -760,10 +729,14 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   const float* w = weight.data_ptr<float>();
   float* dst = out.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < d; ++i) sum += static_cast<double>(src[r * d + i]) * src[r * d + i];
-    const float scale = static_cast<float>(1.0 / std::sqrt(sum / d + eps));
+    const float scale = rms_scale(src + r * d, d, eps);
     for (int64_t i = 0; i < d; ++i) dst[r * d + i] = src[r * d + i] * scale * w[i];
   }
   return out;
+}
+
+float rms_scale(const float* row, int64_t d, double eps) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < d; ++i) sum += static_cast<double>(row[i]) * row[i];
+  return static_cast<float>(1.0 / std::sqrt(sum / d + eps));
 }
