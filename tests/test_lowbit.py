@@ -289,11 +289,15 @@ def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():
 
 
 @pytest.mark.parametrize("hidden", [32, 64])  # 64: q/k/v and gate/up fuse into one call each
-def test_lean_decoder_matches_transformers_forward(hidden):
+def test_lean_decoder_matches_transformers_forward(hidden, monkeypatch):
     """The lean pass runs the same modules as transformers' forward, cache, its growth and rollback
-    included, over a context longer than the native attention's blocks of 64 keys."""
+    included, over a context longer than the native attention's blocks of 64 keys (with a float32
+    cache, as transformers' is; the float16 one is tested below)."""
+    from app.engine import lean_decoder
     from app.engine.cached_model import CachedModel, cached
     from app.engine.lean_decoder import LeanDecoder
+
+    monkeypatch.setattr(lean_decoder, "NATIVE_CACHE_DTYPE", torch.float32)
 
     float_model = tiny_model(seed=5, hidden=hidden)
     with torch.no_grad():  # Qwen2's q/k/v biases start at zero; real models' do not
@@ -331,25 +335,50 @@ def test_native_swiglu_matches_torch(inner, isa):
 
 @pytest.mark.parametrize("head_dim", [16, 80, 128])
 @pytest.mark.parametrize("heads", [2, 6, 14])  # query heads per kv head: 1, 3, 7 (taken up to 4 at a time)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("isa", BUILDS)
-def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, isa):
+def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, cache_dtype, isa):
     """The layer stack's attention (keys in transposed blocks of 64, a kv head's query heads up to
     4 at a time, 64 components at a time, tails masked) against torch's, row by row, and
-    bit-identical alone or in a batch."""
+    bit-identical alone or in a batch; a float16 cache is read as the float32 values it holds."""
     module = built(isa)
     kv_heads, start, n, capacity = 2, 150, 5, 192
     generator = torch.Generator().manual_seed(head_dim + heads)
     queries = torch.randn(n, heads, head_dim, generator=generator)
-    keys, values = torch.randn(2, kv_heads, capacity, head_dim, generator=generator)
+    cached_keys, cached_values = torch.randn(2, kv_heads, capacity, head_dim, generator=generator).to(cache_dtype)
+    keys, values = cached_keys.float(), cached_values.float()  # what the cache holds
     scale = head_dim**-0.5
-    together = module.attention(queries, keys, values, start, scale)
+    together = module.attention(queries, cached_keys, cached_values, start, scale)
     for r in range(n):
         length = start + r + 1
         expected = F.scaled_dot_product_attention(
             queries[r][:, None], keys[:, :length].repeat_interleave(heads // kv_heads, 0),
             values[:, :length].repeat_interleave(heads // kv_heads, 0), scale=scale)[:, 0]
         assert torch.allclose(together[r], expected, atol=1e-5, rtol=1e-4)
-        assert torch.equal(together[r], module.attention(queries[r : r + 1], keys, values, start + r, scale)[0])
+        assert torch.equal(together[r], module.attention(queries[r : r + 1], cached_keys, cached_values, start + r, scale)[0])
+
+
+@pytest.mark.skipif(kernel.native() is None, reason="the C++ kernel is not built on this machine")
+def test_the_native_cache_holds_keys_and_values_in_float16(monkeypatch):
+    """The native stack's cache is float16: half the bytes of a float32 one, holding the float32
+    keys and values rounded (the first layer's, which nothing before them can change), and the
+    logits stay near those of a float32 cache."""
+    from app.engine import lean_decoder
+    from app.engine.cached_model import cached
+
+    model = quantize_model(tiny_model(seed=8, hidden=64).model, 8)
+    prompt = torch.arange(3, 90) % 96
+    half = cached(model)
+    monkeypatch.setattr(lean_decoder, "NATIVE_CACHE_DTYPE", torch.float32)
+    full = cached(model)
+    logits_half, logits_full = half.forward(prompt, keep=1), full.forward(prompt, keep=1)
+    assert half.keys[0].dtype == half.values[0].dtype == torch.float16 and full.keys[0].dtype == torch.float32
+    assert half.cache_bytes * 2 == full.cache_bytes
+    assert torch.equal(half.keys[0], full.keys[0].half()) and torch.equal(half.values[0], full.values[0].half())
+    assert not torch.equal(logits_half, logits_full)  # the rounding reaches the logits ...
+    # ... as a small change against their scale (a tiny random model's attention is sharp: 1.3%
+    # here; the default target's, 0.7%), not the whole-unit errors of a misread cache
+    assert (logits_half - logits_full).abs().max() < 0.05 * logits_full.abs().max()
 
 
 @pytest.mark.parametrize("isa", BUILDS)

@@ -30,6 +30,9 @@ def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp
         monkeypatch.setattr(kernel, "native", lambda: None)
     elif kernel.native() is None:
         pytest.skip("the C++ kernel is not built on this machine")
+    # float32 keys and values, as transformers' cache holds them (float16, the native default, is
+    # tested in test_lowbit)
+    monkeypatch.setattr(lean_decoder, "NATIVE_CACHE_DTYPE", torch.float32)
     model, loaded = saved_and_loaded(tmp_path)
     assert isinstance(loaded, skeleton.CausalLM)
     assert loaded.generation_config.eos_token_id == model.generation_config.eos_token_id

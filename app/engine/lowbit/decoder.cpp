@@ -68,6 +68,23 @@ inline void start_blocks(v16::Vec* acc, v16::Mask* valid, int64_t remaining) {
   }
 }
 
+// The KV cache's values as floats: float32 as stored, or float16 widened (the cache's default:
+// half the memory and half the bytes attention reads per token, as llama.cpp's cache).
+inline v16::Vec load_cached(v16::Mask m, const float* p) { return v16::load(m, p); }
+inline v16::Vec load_cached(v16::Mask m, const at::Half* p) {
+  return v16::load_half(m, reinterpret_cast<const uint16_t*>(p));
+}
+
+// Asks for count elements from p on into L1: the cache's next block while this one is worked on.
+// Without it attention read a long cache at about 10 GB/s (its loops do little per line loaded,
+// and the hardware's prefetching did not run far enough ahead): at 2,800 cached tokens the scores
+// took half of a draft pass.
+template <typename T>
+inline void prefetch(const T* p, int64_t count) {
+  const char* bytes = reinterpret_cast<const char*>(p);
+  for (int64_t at = 0; at < count * static_cast<int64_t>(sizeof(T)); at += 64) _mm_prefetch(bytes + at, _MM_HINT_T0);
+}
+
 constexpr int kMaxHeads = 4;        // query heads at a time: 16 accumulators in registers
 
 // Calls f(std::integral_constant<int, heads>) for 1 <= heads <= kMaxHeads.
@@ -89,19 +106,20 @@ void with_heads(int64_t heads, F&& f) {
 // (transposing the whole cache instead had put each component of a block on its own page).
 // Each key vector loaded feeds all H heads. Never inlined: each instantiation keeps its own
 // register allocation (inlined, one spilled its accumulators on every key).
-template <int H>
-__attribute__((noinline)) void score_block(const float* queries, const float* keys, int64_t j0, int64_t length,
+template <int H, typename T>
+__attribute__((noinline)) void score_block(const float* queries, const T* keys, int64_t j0, int64_t length,
                                            int64_t head_dim, float scaling, float* scores, int64_t score_stride,
                                            v16::Vec* best) {
   constexpr int64_t kBlocks = kKeyBlock / 16;  // four independent FMA chains per head
   v16::Vec dot[H][kBlocks];
   v16::Mask valid[kBlocks];
   for (int h = 0; h < H; ++h) start_blocks<kBlocks>(dot[h], valid, length - j0);
-  const float* block = keys + j0 * head_dim;  // j0 is a multiple of kKeyBlock
+  const T* block = keys + j0 * head_dim;  // j0 is a multiple of kKeyBlock
   for (int64_t d = 0; d < head_dim; ++d) {
-    const float* row = block + d * kKeyBlock;
+    const T* row = block + d * kKeyBlock;
+    prefetch(row + head_dim * kKeyBlock, kKeyBlock);  // the same row of the next block
     v16::Vec key[kBlocks];
-    for (int64_t b = 0; b < kBlocks; ++b) key[b] = v16::load(valid[b], row + 16 * b);
+    for (int64_t b = 0; b < kBlocks; ++b) key[b] = load_cached(valid[b], row + 16 * b);
     for (int h = 0; h < H; ++h) {
       const v16::Vec q = v16::set1(queries[h * head_dim + d]);
       for (int64_t b = 0; b < kBlocks; ++b) dot[h][b] = v16::fmadd(q, key[b], dot[h][b]);
@@ -132,8 +150,8 @@ float exponentiate(float* scores, int64_t length, v16::Vec best) {
 // out [H, head_dim] += the weights (H rows of `score_stride`) of keys j0 .. end - 1 times their
 // values ([length, head_dim] rows); out starts at zero when j0 is 0. Each value vector loaded
 // feeds all H heads; every output sums over the keys in their order, block after block.
-template <int H>
-__attribute__((noinline)) void value_block(const float* weights, int64_t score_stride, const float* values, int64_t j0,
+template <int H, typename T>
+__attribute__((noinline)) void value_block(const float* weights, int64_t score_stride, const T* values, int64_t j0,
                                            int64_t end, int64_t head_dim, float* out) {
   constexpr int64_t kBlocks = 4;  // 64 components at a time, in registers
   for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kBlocks) {
@@ -146,9 +164,10 @@ __attribute__((noinline)) void value_block(const float* weights, int64_t score_s
       }
     }
     for (int64_t j = j0; j < end; ++j) {
-      const float* row = values + j * head_dim + d0;
+      const T* row = values + j * head_dim + d0;
+      prefetch(row + kKeyBlock * head_dim, std::min<int64_t>(16 * kBlocks, head_dim - d0));  // the next block's
       v16::Vec value[kBlocks];
-      for (int64_t b = 0; b < kBlocks; ++b) value[b] = v16::load(valid[b], row + 16 * b);
+      for (int64_t b = 0; b < kBlocks; ++b) value[b] = load_cached(valid[b], row + 16 * b);
       for (int h = 0; h < H; ++h) {
         const v16::Vec weight = v16::set1(weights[h * score_stride + j]);
         for (int64_t b = 0; b < kBlocks; ++b) acc[h][b] = v16::fmadd(weight, value[b], acc[h][b]);
@@ -164,8 +183,9 @@ __attribute__((noinline)) void value_block(const float* weights, int64_t score_s
 // Keys and values go block by block through every row's heads, so a verification reads the
 // cache once rather than once per row (at 1,000 cached tokens re-reading it had made 4 rows' 
 // attention cost 3.5 times one row's).
+template <typename T>
 void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64_t last, int64_t heads,
-                    int64_t group, int64_t g, int64_t head_dim, const float* keys, const float* values,
+                    int64_t group, int64_t g, int64_t head_dim, const T* keys, const T* values,
                     int64_t start, float scaling, float* out) {
   const int64_t rows = last - first, stride = start + last;
   // Heads at a time: the group in near-even shares of at most kMaxHeads (6 as 3 + 3, not 4 + 2:
@@ -182,7 +202,7 @@ void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64
       const int64_t length = start + first + r + 1;
       for (int64_t h = 0; h < group && j0 < length; h += share) {
         with_heads(std::min(share, group - h), [&](auto n) {
-          score_block<decltype(n)::value>(query(r, h), keys, j0, length, head_dim, scaling, score_row(r, h), stride,
+          score_block<decltype(n)::value, T>(query(r, h), keys, j0, length, head_dim, scaling, score_row(r, h), stride,
                                           best.data() + r * group + h);
         });
       }
@@ -197,7 +217,7 @@ void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64
       const int64_t end = std::min(j0 + kKeyBlock, start + first + r + 1);
       for (int64_t h = 0; h < group && j0 < end; h += share) {
         with_heads(std::min(share, group - h), [&](auto n) {
-          value_block<decltype(n)::value>(score_row(r, h), stride, values, j0, end, head_dim, output(r, h));
+          value_block<decltype(n)::value, T>(score_row(r, h), stride, values, j0, end, head_dim, output(r, h));
         });
       }
     }
@@ -223,8 +243,9 @@ void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64
 struct AttentionTasks {
   const float* queries;
   int64_t q_stride, n, heads, kv_heads, head_dim;
-  const float* key_cache;
-  const float* value_cache;
+  const void* key_cache;  // float32, or float16 when `half`
+  const void* value_cache;
+  bool half;
   int64_t capacity, start;
   float scaling;
   float* out;
@@ -234,11 +255,19 @@ struct AttentionTasks {
   int64_t row_tasks(int64_t threads) const { return kv_heads >= threads ? 1 : n; }
 
   void run(int64_t row_tasks, int64_t begin, int64_t end) const {
+    if (half) return run_on<at::Half>(row_tasks, begin, end);
+    run_on<float>(row_tasks, begin, end);
+  }
+
+  template <typename T>
+  void run_on(int64_t row_tasks, int64_t begin, int64_t end) const {
+    const T* keys = static_cast<const T*>(key_cache);
+    const T* values = static_cast<const T*>(value_cache);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / row_tasks, first = row_tasks == 1 ? 0 : task % row_tasks;
       const int64_t last = row_tasks == 1 ? n : first + 1;
-      attend_kv_head(queries, q_stride, first, last, heads, heads / kv_heads, g, head_dim,
-                     key_cache + g * head_dim * capacity, value_cache + g * capacity * head_dim, start, scaling, out);
+      attend_kv_head(queries, q_stride, first, last, heads, heads / kv_heads, g, head_dim, keys + g * head_dim * capacity,
+                     values + g * capacity * head_dim, start, scaling, out);
     }
   }
 };
@@ -258,6 +287,14 @@ void swiglu(const float* gate, const float* up, int64_t inner, float* out) {
     const v16::Vec sigmoid = v16::mask_mul(inverse, negative, e, inverse);
     v16::store(out + i, m, v16::mul(v16::mul(x, sigmoid), v16::load(m, up + i)));
   }
+}
+
+// Whether a cache's keys and values are float16 (else float32; nothing else is accepted).
+bool cache_is_half(const at::Tensor& keys, const at::Tensor& values) {
+  const bool half = keys.scalar_type() == at::kHalf;
+  TORCH_CHECK((half || keys.scalar_type() == at::kFloat) && values.scalar_type() == keys.scalar_type(),
+              "the KV cache must be float32 or float16, keys and values alike");
+  return half;
 }
 
 // A layer step of the projections of one input (checked here, once, not on every pass).
@@ -366,10 +403,11 @@ at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int
   TORCH_CHECK(keys.size(2) == head_dim && start + n <= capacity && values.sizes() == keys.sizes() &&
                   capacity % kKeyBlock == 0,
               "cache shapes do not match");
+  const bool half = cache_is_half(keys, values);
   const at::Tensor blocked = keys.view({kv_heads, capacity / kKeyBlock, kKeyBlock, head_dim}).transpose(2, 3).contiguous();
   at::Tensor out = at::empty({n, heads, head_dim}, at::kFloat);
   const AttentionTasks tasks{queries.data_ptr<float>(), heads * head_dim, n, heads, kv_heads, head_dim,
-                             blocked.data_ptr<float>(), values.data_ptr<float>(), capacity, start,
+                             blocked.data_ptr(), values.data_ptr(), half, capacity, start,
                              static_cast<float>(scaling), out.data_ptr<float>()};
   const int64_t row_tasks = tasks.row_tasks(at::get_num_threads());
   at::parallel_for(0, kv_heads * row_tasks, 1, [&](int64_t begin, int64_t end) { tasks.run(row_tasks, begin, end); });
@@ -418,6 +456,10 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
   TORCH_CHECK(keys[0].size(3) == kKeyBlock && keys[0].size(1) * kKeyBlock == values[0].size(1),
               "keys must be in blocks of kKeyBlock, as many as the values hold");
   TORCH_CHECK(start + n <= values[0].size(1), "the KV cache is too small");
+  const bool half = cache_is_half(keys[0], values[0]);
+  for (size_t index = 0; index < layers_.size(); ++index) {
+    TORCH_CHECK(cache_is_half(keys[index], values[index]) == half, "every layer's cache of one type");
+  }
   TORCH_CHECK(d == layers_[0].input_norm.numel(), "hidden states of the wrong width");
   int64_t widest_input = 0, widest_padded = 0;
   for (const Steps& s : steps_) {
@@ -468,8 +510,8 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
       const Layer& layer = layers_[index];
       const Steps& steps = steps_[index];
       const int64_t capacity = values[index].size(1);
-      float* key_cache = keys[index].data_ptr<float>();
-      float* value_cache = values[index].data_ptr<float>();
+      void* key_cache = keys[index].data_ptr();
+      void* value_cache = values[index].data_ptr();
       // RMSNorm of h's rows into `normed`, unit by unit (each thread works out a row's scale itself)
       const auto normalise = [&](const at::Tensor& weight) {
         return [&, w = weight.data_ptr<float>(), scaled_row = int64_t{-1}, row_scale = 0.f](
@@ -493,14 +535,21 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
           float* key = row + q_width + g * hd;
           rotate(row + g * group * hd, group, hd, cos_rows + r * hd, sin_rows + r * hd);
           rotate(key, 1, hd, cos_rows + r * hd, sin_rows + r * hd);
-          float* block = key_cache + g * capacity * hd + (position / kKeyBlock) * hd * kKeyBlock;
-          for (int64_t i = 0; i < hd; ++i) block[i * kKeyBlock + position % kKeyBlock] = key[i];
-          std::copy_n(row + q_width + kv_width + g * hd, hd, value_cache + (g * capacity + position) * hd);
+          const auto write = [&](auto* key_cache, auto* value_cache) {  // float16: rounded to nearest
+            auto* block = key_cache + g * capacity * hd + (position / kKeyBlock) * hd * kKeyBlock;
+            for (int64_t i = 0; i < hd; ++i) block[i * kKeyBlock + position % kKeyBlock] = key[i];
+            std::copy_n(row + q_width + kv_width + g * hd, hd, value_cache + (g * capacity + position) * hd);
+          };
+          if (half) {
+            write(static_cast<at::Half*>(key_cache), static_cast<at::Half*>(value_cache));
+          } else {
+            write(static_cast<float*>(key_cache), static_cast<float*>(value_cache));
+          }
         }
       }
 #pragma omp barrier
       {
-        const AttentionTasks tasks{ws.qkv.data(), qkv_width, n, heads_, kv_heads_, hd, key_cache, value_cache,
+        const AttentionTasks tasks{ws.qkv.data(), qkv_width, n, heads_, kv_heads_, hd, key_cache, value_cache, half,
                                    capacity, start, scaling_, ws.attended.data()};
         const int64_t row_tasks = tasks.row_tasks(threads);
         const auto [begin, end] = share(kv_heads_ * row_tasks, thread, threads);

@@ -25,7 +25,7 @@ float rms_scale(const float* row, int64_t d, double eps);
 constexpr int64_t kKeyBlock = 64;
 // Causal attention of n new rows over a cache, as the layer stack computes it (for tests):
 // queries [n, heads, head_dim], keys and values [kv_heads, capacity, head_dim] holding start + n
-// positions (capacity a multiple of kKeyBlock).
+// positions (capacity a multiple of kKeyBlock), float32 or float16.
 at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling);
 // The layer stack's silu(gate) * up (exposed for tests): gate_up [n, 2 * inner] -> [n, inner].
 at::Tensor swiglu_rows(at::Tensor gate_up);
@@ -205,8 +205,8 @@ class LayerStack {
   LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling,
              double eps);
 
-  // hidden [n, D] float32 -> [n, D] after every layer. Per layer float32 caches holding `start`
-  // tokens: keys [kv_heads, capacity / kKeyBlock, head_dim, kKeyBlock] (blocks of keys, each
+  // hidden [n, D] float32 -> [n, D] after every layer. Per layer float16 (or float32) caches
+  // holding `start` tokens: keys [kv_heads, capacity / kKeyBlock, head_dim, kKeyBlock] (blocks of keys, each
   // transposed), values [kv_heads, capacity, head_dim];
   // this call writes positions start..start+n-1. cos/sin [n, head_dim]: the rotary embedding of
   // those positions.

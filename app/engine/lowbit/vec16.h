@@ -32,6 +32,8 @@ inline Vec maskz_mov(Mask m, Vec a) { return _mm512_maskz_mov_ps(m, a); }
 inline Vec mask_mul(Vec src, Mask m, Vec a, Vec b) { return _mm512_mask_mul_ps(src, m, a, b); }
 inline Vec mask_max(Vec src, Mask m, Vec a, Vec b) { return _mm512_mask_max_ps(src, m, a, b); }
 inline Mask less_than(Vec a, Vec b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+// 16 float16 values widened to float (lanes outside m read as zero, and are not read)
+inline Vec load_half(Mask m, const uint16_t* p) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a); }
 inline float reduce_add(Vec a) { return _mm512_reduce_add_ps(a); }
 
@@ -87,6 +89,15 @@ inline Mask less_than(Vec a, Vec b) {
   const int lo = _mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_LT_OQ));
   const int hi = _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_LT_OQ));
   return static_cast<Mask>(lo | (hi << 8));
+}
+inline Vec load_half(Mask m, const uint16_t* p) {
+  if (m != 0xFFFF) {  // the lanes in m through a buffer, no read past them
+    alignas(32) uint16_t lanes[16] = {};
+    for (int i = 0; i < 16; ++i) lanes[i] = (m >> i & 1) ? p[i] : 0;
+    return load_half(0xFFFF, lanes);
+  }
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
 }
 inline float horizontal(__m256 v, __m128 (*op)(__m128, __m128)) {
   __m128 x = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
