@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from .engine.draft_vocabulary import COMMON_TOKENS
 from .engine.engine import GenerationOptions, ProposerKind
+from .engine.lean_decoder import CACHE_DTYPES
 from .engine.models import Precision, default_draft_precision
 from .engine.sampling import SamplingParams
 
@@ -21,6 +24,11 @@ class LoadOptions:
     # a cheaper draft never changes the answer; 3-bit feed-forward layers where the kernel gains from them
     draft_precision: Precision = field(default_factory=default_draft_precision)
     draft_vocabulary: int = COMMON_TOKENS  # speed only, too: the draft proposes common tokens and the conversation's
+    kv_cache: str = "float16"  # the low-bit models' cache, as llama.cpp's default; float32 rounds as the reference
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        return CACHE_DTYPES[self.kv_cache]
 
 
 LOAD_DEFAULTS = LoadOptions()
@@ -37,6 +45,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocabulary", type=int, default=LOAD_DEFAULTS.draft_vocabulary,
                         help="a low-bit draft drafts only this many most common tokens and the conversation's "
                              "(0: all; output unchanged)")
+    parser.add_argument("--kv-cache", choices=list(CACHE_DTYPES), default=LOAD_DEFAULTS.kv_cache,
+                        help="the low-bit models' KV cache: float16 (half the memory, as llama.cpp's default) or "
+                             "float32 (rounds as the reference; the output of either is exact under speculation)")
     parser.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=DEFAULTS.speculative,
                         help="speculative decoding (off: plain target decoding)")
     parser.add_argument("-k", type=int, default=DEFAULTS.k, help="draft length (the starting length when adaptive)")
@@ -57,7 +68,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
     return LoadOptions(target=args.target, draft=args.draft, precision=Precision(args.precision),
-                       draft_precision=Precision(args.draft_precision), draft_vocabulary=args.draft_vocabulary)
+                       draft_precision=Precision(args.draft_precision), draft_vocabulary=args.draft_vocabulary,
+                       kv_cache=args.kv_cache)
 
 
 def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptions:

@@ -11,7 +11,7 @@ from .engine.engine import SpeculativeEngine
 from .engine.errors import ModelError, PromptTooLongError
 from .engine.models import load_model, pick_device
 from .engine.steps import Source
-from .options import generation_options
+from .options import generation_options, load_options
 
 # Okabe-Ito-like colours that stay apart for colour-blind readers.
 ANSI = {Source.ACCEPTED: "\033[38;5;39m", Source.CORRECTED: "\033[38;5;208m", Source.BONUS: "\033[38;5;178m",
@@ -27,7 +27,7 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     try:
         draft = load_model(args.draft, device, dtype, progress, precision=args.draft_precision)
         target = load_model(args.target, device, dtype, progress, precision=args.precision)
-        engine = SpeculativeEngine(target, draft, args.draft_vocabulary)
+        engine = SpeculativeEngine(target, draft, args.draft_vocabulary, load_options(args).kv_cache_dtype)
     except ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
 """Every entry point starts from the same generation defaults (issue 7)."""
 import pytest
+import torch
 
 from app.cli import build_parser
 from app.engine.engine import GenerationOptions
@@ -18,6 +19,7 @@ def test_defaults_are_the_adaptive_engine_the_readme_measures():
     assert (DEFAULTS.k, DEFAULTS.adaptive, DEFAULTS.speculative) == (8, True, True)
     assert LOAD_DEFAULTS.precision.value == "lowbit"
     assert LOAD_DEFAULTS.draft_precision == default_draft_precision()
+    assert LOAD_DEFAULTS.kv_cache_dtype == torch.float16  # as llama.cpp's default cache
 
 
 @pytest.mark.parametrize("isa, precision", [("avx512", "3bit"), ("avx2", "4bit"), ("avxvnni", "4bit"), (None, "4bit")])
@@ -50,3 +52,27 @@ def test_flags_change_what_they_name():
     args = parsed("bench", "speed", "-k", "3", "--no-adaptive", "--proposer", "lookup", "--temperature", "0.7")
     options = generation_options(args)
     assert (options.k, options.adaptive, options.proposer.value, options.sampling.temperature) == (3, False, "lookup", 0.7)
+
+
+def test_the_kv_cache_flag_reaches_the_engines_caches():
+    """`--kv-cache float32` gives the low-bit models' native caches float32 keys and values; the
+    default is float16."""
+    from app.engine import lean_decoder
+    from app.engine.engine import SpeculativeEngine
+    from app.engine.lowbit import kernel
+    from app.engine.lowbit.modules import quantize_model
+    from app.engine.models import LoadedModel
+    from tests.tiny import tiny_model
+
+    assert load_options(parsed("chat", "--kv-cache", "float32")).kv_cache_dtype == torch.float32
+    assert load_options(parsed("bench", "seed")).kv_cache_dtype == torch.float16
+    if kernel.native() is None:
+        pytest.skip("the C++ kernel is not built on this machine: the Python loop's cache is float32")
+    tiny = tiny_model(seed=3, hidden=64)
+    model = LoadedModel("tiny", quantize_model(tiny.model, 4), tiny.tokenizer)
+    for flag, dtype in (("float16", torch.float16), ("float32", torch.float32)):
+        engine = SpeculativeEngine(model, model, 0, load_options(parsed("chat", "--kv-cache", flag)).kv_cache_dtype)
+        for decoder in (engine._target, engine._draft):
+            assert isinstance(decoder, lean_decoder.LeanDecoder)
+            decoder.feed(torch.tensor([1, 2, 3]))
+            assert decoder.keys[0].dtype == decoder.values[0].dtype == dtype

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from ..chat.prompt import chat_prompt_ids
 from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.models import load_model, pick_device
-from ..options import add_engine_arguments, generation_options
+from ..options import add_engine_arguments, generation_options, load_options
 from .data import DEFAULT_DATA_DIR
 from .tasks import TASKS, Task
 
@@ -39,7 +39,8 @@ def build_engine(args: argparse.Namespace) -> SpeculativeEngine:
     device, dtype, why = pick_device()
     print(f"device: {why}")
     draft = load_model(args.draft, device, dtype, precision=args.draft_precision)
-    return SpeculativeEngine(load_model(args.target, device, dtype, precision=args.precision), draft, args.draft_vocabulary)
+    return SpeculativeEngine(load_model(args.target, device, dtype, precision=args.precision), draft, args.draft_vocabulary,
+                             load_options(args).kv_cache_dtype)
 
 
 def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: GenerationOptions,
@@ -222,7 +223,7 @@ def run_seed(args: argparse.Namespace, engine: SpeculativeEngine | None = None) 
     comparisons = {name: c for name, items in records.items() if items
                    and (c := compare_to_reference(items, reference)) is not None}
     result = {"config": {"target": engine.target.name, "draft": engine.draft.name, "precision": engine.target.precision,
-                         "draft_precision": engine.draft.precision, "k": args.k,
+                         "draft_precision": engine.draft.precision, "kv_cache": args.kv_cache, "k": args.k,
                          "adaptive": args.adaptive, "limit": args.limit, "max_new_tokens": max_new},
               "tasks": summary, "identical": all(s.get("identical", True) for s in summary.values())}
     table = markdown_table(summary)

@@ -19,7 +19,7 @@ from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.lowbit.skeleton import as_transformers
 from ..engine.models import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
-from ..options import add_engine_arguments, generation_options
+from ..options import add_engine_arguments, generation_options, load_options
 from . import llama_peer
 from .data import DEFAULT_DATA_DIR, read_jsonl
 
@@ -223,7 +223,7 @@ def run_speed(args: argparse.Namespace) -> dict:
     packed = not args.no_packed_linear
     draft = load_model(args.draft, device, dtype, progress=stage, precision=args.draft_precision, packed_linear=packed)
     target = load_model(args.target, device, dtype, progress=stage, precision=args.precision, packed_linear=packed)
-    engine = SpeculativeEngine(target, draft, args.draft_vocabulary)
+    engine = SpeculativeEngine(target, draft, args.draft_vocabulary, load_options(args).kv_cache_dtype)
     rss_after_load = _rss_bytes()  # before HF's copies and the peer's models join the process
     rows = read_jsonl(args.data, args.limit)
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": row["question"]}]) for row in rows]
@@ -291,7 +291,7 @@ def run_speed(args: argparse.Namespace) -> dict:
     result = {
         "config": {
             "target": target.name, "draft": draft.name, "precision": target.precision,
-            "draft_precision": draft.precision, "device": why, "dtype": str(dtype).replace("torch.", ""),
+            "draft_precision": draft.precision, "kv_cache": args.kv_cache, "device": why, "dtype": str(dtype).replace("torch.", ""),
             "torch_threads": torch.get_num_threads(), "data": str(args.data), "limit": len(prompts),
             "max_new_tokens": args.max_new_tokens, "k": args.k, "adaptive": args.adaptive, "packed_linear": packed,
             "proposer": args.proposer, "peer": peer_note,

@@ -93,14 +93,15 @@ class CachedModel:
         self.ids = list(snapshot.ids)
 
 
-def cached(model: PreTrainedModel, vocab_width: int | None = None):
+def cached(model: PreTrainedModel, vocab_width: int | None = None, cache_dtype: torch.dtype | None = None):
     """The cached forward a model runs with: the lean decoder for low-bit Llama/Qwen2-style
-    models, transformers' own forward otherwise (every float model: the reference path)."""
+    models (cache_dtype: its native KV cache's, see lean_decoder), transformers' own forward
+    otherwise (every float model: the reference path)."""
     from . import lean_decoder
     from .lowbit.modules import LowBitLinear
 
     if lean_decoder.supports(model) and any(isinstance(m, LowBitLinear) for m in model.modules()):
-        return lean_decoder.LeanDecoder(model, vocab_width)
+        return lean_decoder.LeanDecoder(model, vocab_width, cache_dtype)
     return CachedModel(model, vocab_width)
 
 

@@ -56,16 +56,17 @@ class GenerationOptions:
 
 class SpeculativeEngine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None,
-                 draft_vocabulary: int = COMMON_TOKENS) -> None:
+                 draft_vocabulary: int = COMMON_TOKENS, kv_cache: torch.dtype | None = None) -> None:
         """draft_vocabulary: a low-bit draft drafts only this many most common tokens and
-        those of the conversation (0: all tokens); speed only, see draft_vocabulary.py."""
+        those of the conversation (0: all tokens); speed only, see draft_vocabulary.py.
+        kv_cache: the low-bit models' native KV cache, float16 by default (see lean_decoder)."""
         width = None
         if draft is not None:
             check_compatible(draft, target)
             width = shared_vocab_width(draft, target)
         self.target, self.draft = target, draft
-        self._target = cached(target.model, width)
-        self._draft = cached(draft.model, width) if draft is not None else None
+        self._target = cached(target.model, width, kv_cache)
+        self._draft = cached(draft.model, width, kv_cache) if draft is not None else None
         self.draft_vocabulary = DraftVocabulary.for_draft(self._draft, width, draft_vocabulary) if draft is not None else None
         self.costs = CostModel()  # what a draft token and a verification cost here, across requests
         self._busy = threading.Lock()

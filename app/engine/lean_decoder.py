@@ -20,9 +20,11 @@ from .prefix_cache import PrefixStore, Snapshot
 
 PREFILL_CHUNK = 256  # rows per native stack call (64 to 256 read a 2,000-token prompt equally fast)
 CACHE_STEP = 1024  # tokens the cache grows by once it holds that many
-# The native stack keeps keys and values in float16, as llama.cpp's cache does by default: half
-# the memory, and half the bytes attention reads per token (at 2,800 cached tokens about 70 MB per
-# draft token, 40% of its weights' bytes, in float32). The Python loop keeps float32.
+# The native stack keeps keys and values in float16 unless asked for float32 (`--kv-cache`), as
+# llama.cpp's cache does by default: half the memory, and half the bytes attention reads per token
+# (at 2,800 cached tokens about 70 MB per draft token, 40% of its weights' bytes, in float32). The
+# Python loop keeps float32.
+CACHE_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 NATIVE_CACHE_DTYPE = torch.float16
 
 
@@ -33,7 +35,8 @@ def supports(model: nn.Module) -> bool:
 class LeanDecoder:
     reuses_prefix = True  # its cache can be rolled back to any length (see cached_model.keep_prefix)
 
-    def __init__(self, model: nn.Module, vocab_width: int | None = None) -> None:
+    def __init__(self, model: nn.Module, vocab_width: int | None = None, cache_dtype: torch.dtype | None = None) -> None:
+        """cache_dtype: the native stack's KV cache (default NATIVE_CACHE_DTYPE); the Python loop's is float32."""
         config = model.config
         self.model = model
         self.device = model.device
@@ -46,7 +49,7 @@ class LeanDecoder:
         # Keys are stored transposed, in blocks for the native stack: its attention reads 16 keys'
         # component d at once, and a block's keys lie together in memory.
         self.key_block = kernel.native().KEY_BLOCK if self.stack is not None else None
-        self.cache_dtype = NATIVE_CACHE_DTYPE if self.stack is not None else torch.float32
+        self.cache_dtype = (cache_dtype or NATIVE_CACHE_DTYPE) if self.stack is not None else torch.float32
         # per layer [1, kv_heads, head_dim, capacity], or [1, kv_heads, capacity / key_block, head_dim, key_block]
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]

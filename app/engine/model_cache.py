@@ -48,7 +48,8 @@ class ModelCache:
                     self.models[key] = self.load(key[0], self.device, self.dtype, report, precision=key[1])
                 if not self.is_current(ticket):
                     return None
-            engine = SpeculativeEngine(self.models[keys[0]], self.models[keys[1]], chosen.draft_vocabulary)
+            engine = SpeculativeEngine(self.models[keys[0]], self.models[keys[1]], chosen.draft_vocabulary,
+                                       chosen.kv_cache_dtype)
             report("Measuring draft and verification costs", None)
             calibrate_remembered(engine)
             return engine if self.is_current(ticket) else None
