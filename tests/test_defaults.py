@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from app.cli import build_parser
+from app.engine import lean_decoder
 from app.engine.engine import GenerationOptions
 from app.engine.models import default_draft_precision
 from app.options import DEFAULTS, LOAD_DEFAULTS, generation_options, load_options
@@ -19,7 +20,8 @@ def test_defaults_are_the_adaptive_engine_the_readme_measures():
     assert (DEFAULTS.k, DEFAULTS.adaptive, DEFAULTS.speculative) == (8, True, True)
     assert LOAD_DEFAULTS.precision.value == "lowbit"
     assert LOAD_DEFAULTS.draft_precision == default_draft_precision()
-    assert LOAD_DEFAULTS.kv_cache_dtype == torch.float16  # as llama.cpp's default cache
+    # as llama.cpp's default cache, and the same default whether an engine is given the option or not
+    assert LOAD_DEFAULTS.kv_cache_dtype == lean_decoder.NATIVE_CACHE_DTYPE == torch.float16
 
 
 @pytest.mark.parametrize("isa, precision", [("avx512", "3bit"), ("avx2", "4bit"), ("avxvnni", "4bit"), (None, "4bit")])
@@ -57,7 +59,6 @@ def test_flags_change_what_they_name():
 def test_the_kv_cache_flag_reaches_the_engines_caches():
     """`--kv-cache float32` gives the low-bit models' native caches float32 keys and values; the
     default is float16."""
-    from app.engine import lean_decoder
     from app.engine.engine import SpeculativeEngine
     from app.engine.lowbit import kernel
     from app.engine.lowbit.modules import quantize_model
