@@ -9,7 +9,7 @@ import torch
 
 from .engine.draft_vocabulary import COMMON_TOKENS
 from .engine.engine import GenerationOptions, ProposerKind
-from .engine.lean_decoder import CACHE_DTYPES
+from .engine.lean_decoder import CACHE_DTYPES, DEFAULT_CACHE
 from .engine.models import Precision, default_draft_precision
 from .engine.sampling import SamplingParams
 
@@ -24,7 +24,7 @@ class LoadOptions:
     # a cheaper draft never changes the answer; 3-bit feed-forward layers where the kernel gains from them
     draft_precision: Precision = field(default_factory=default_draft_precision)
     draft_vocabulary: int = COMMON_TOKENS  # speed only, too: the draft proposes common tokens and the conversation's
-    kv_cache: str = "float16"  # the low-bit models' cache, as llama.cpp's default; float32 rounds as the reference
+    kv_cache: str = DEFAULT_CACHE  # the low-bit models' cache: float16, as llama.cpp's; float32 rounds as the reference
 
     @property
     def kv_cache_dtype(self) -> torch.dtype:

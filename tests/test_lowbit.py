@@ -289,15 +289,12 @@ def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():
 
 
 @pytest.mark.parametrize("hidden", [32, 64])  # 64: q/k/v and gate/up fuse into one call each
-def test_lean_decoder_matches_transformers_forward(hidden, monkeypatch):
+def test_lean_decoder_matches_transformers_forward(hidden):
     """The lean pass runs the same modules as transformers' forward, cache, its growth and rollback
     included, over a context longer than the native attention's blocks of 64 keys (with a float32
     cache, as transformers' is; the float16 one is tested below)."""
-    from app.engine import lean_decoder
     from app.engine.cached_model import CachedModel, cached
     from app.engine.lean_decoder import LeanDecoder
-
-    monkeypatch.setattr(lean_decoder, "NATIVE_CACHE_DTYPE", torch.float32)
 
     float_model = tiny_model(seed=5, hidden=hidden)
     with torch.no_grad():  # Qwen2's q/k/v biases start at zero; real models' do not
@@ -305,7 +302,7 @@ def test_lean_decoder_matches_transformers_forward(hidden, monkeypatch):
             if name.endswith("bias"):
                 parameter.normal_(generator=torch.Generator().manual_seed(len(name)))
     model = quantize_model(float_model.model, 8)
-    lean, reference = cached(model), CachedModel(model)
+    lean, reference = cached(model, cache_dtype=torch.float32), CachedModel(model)
     assert isinstance(lean, LeanDecoder)
     assert all(fused is not None for fused in lean.qkv + lean.gate_up) == (hidden == 64)
     for model in (lean, reference):
@@ -359,18 +356,15 @@ def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, 
 
 
 @pytest.mark.skipif(kernel.native() is None, reason="the C++ kernel is not built on this machine")
-def test_the_native_cache_holds_keys_and_values_in_float16(monkeypatch):
+def test_the_native_cache_holds_keys_and_values_in_float16():
     """The native stack's cache is float16: half the bytes of a float32 one, holding the float32
     keys and values rounded (the first layer's, which nothing before them can change), and the
     logits stay near those of a float32 cache."""
-    from app.engine import lean_decoder
     from app.engine.cached_model import cached
 
     model = quantize_model(tiny_model(seed=8, hidden=64).model, 8)
     prompt = torch.arange(3, 90) % 96
-    half = cached(model)
-    monkeypatch.setattr(lean_decoder, "NATIVE_CACHE_DTYPE", torch.float32)
-    full = cached(model)
+    half, full = cached(model), cached(model, cache_dtype=torch.float32)
     logits_half, logits_full = half.forward(prompt, keep=1), full.forward(prompt, keep=1)
     assert half.keys[0].dtype == half.values[0].dtype == torch.float16 and full.keys[0].dtype == torch.float32
     assert half.cache_bytes * 2 == full.cache_bytes

@@ -30,13 +30,13 @@ def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp
         monkeypatch.setattr(kernel, "native", lambda: None)
     elif kernel.native() is None:
         pytest.skip("the C++ kernel is not built on this machine")
-    # float32 keys and values, as transformers' cache holds them (float16, the native default, is
-    # tested in test_lowbit)
-    monkeypatch.setattr(lean_decoder, "NATIVE_CACHE_DTYPE", torch.float32)
     model, loaded = saved_and_loaded(tmp_path)
     assert isinstance(loaded, skeleton.CausalLM)
     assert loaded.generation_config.eos_token_id == model.generation_config.eos_token_id
-    original, ours, reference = cached(model), cached(loaded), CachedModel(model)  # reference: transformers' forward
+    # reference: transformers' forward; float32 keys and values, as its cache holds them (float16,
+    # the native default, is tested in test_lowbit)
+    original, ours = cached(model, cache_dtype=torch.float32), cached(loaded, cache_dtype=torch.float32)
+    reference = CachedModel(model)
     assert isinstance(ours, lean_decoder.LeanDecoder) and (ours.stack is not None) == native
     prompt, verified = torch.arange(3, 40) % 96, torch.tensor([5, 17, 29, 41])
     for tokens, keep in ((prompt, 1), (verified, len(verified))):

@@ -25,7 +25,8 @@ CACHE_STEP = 1024  # tokens the cache grows by once it holds that many
 # (at 2,800 cached tokens about 70 MB per draft token, 40% of its weights' bytes, in float32). The
 # Python loop keeps float32.
 CACHE_DTYPES = {"float16": torch.float16, "float32": torch.float32}
-NATIVE_CACHE_DTYPE = torch.float16
+DEFAULT_CACHE = "float16"
+NATIVE_CACHE_DTYPE = CACHE_DTYPES[DEFAULT_CACHE]
 
 
 def supports(model: nn.Module) -> bool:

@@ -441,6 +441,11 @@ LayerStack::LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_head
                     steps.gate_up.width == 2 * steps.down.input && steps.down.width == d &&
                     layer.post_norm.numel() == d,
                 "the layer's projections do not fit together");
+    for (const Step* step : {&steps.qkv, &steps.output, &steps.gate_up, &steps.down}) {
+      widest_input_ = std::max(widest_input_, step->input);
+      widest_padded_ = std::max(widest_padded_, step->padded_width);
+    }
+    widest_inner_ = std::max(widest_inner_, steps.down.input);
     steps_.push_back(std::move(steps));
   }
 }
@@ -461,26 +466,19 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
     TORCH_CHECK(cache_is_half(keys[index], values[index]) == half, "every layer's cache of one type");
   }
   TORCH_CHECK(d == layers_[0].input_norm.numel(), "hidden states of the wrong width");
-  int64_t widest_input = 0, widest_padded = 0;
-  for (const Steps& s : steps_) {
-    for (const Step* step : {&s.qkv, &s.output, &s.gate_up, &s.down}) {
-      widest_input = std::max(widest_input, step->input);
-      widest_padded = std::max(widest_padded, step->padded_width);
-    }
-  }
-  const int64_t qkv_width = q_width + 2 * kv_width, inner = steps_[0].down.input;
+  const int64_t qkv_width = q_width + 2 * kv_width;
   Workspace ws;
   ws.normed.resize(n * d);
   ws.qkv.resize(n * qkv_width);
   ws.attended.resize(n * q_width);
-  ws.gate_up.resize(n * 2 * inner);
-  ws.inner.resize(n * inner);
-  ws.padded.resize(n * widest_padded);
+  ws.gate_up.resize(n * 2 * widest_inner_);
+  ws.inner.resize(n * widest_inner_);
+  ws.padded.resize(n * widest_padded_);
   for (int g = 0; g < 2; ++g) {
-    ws.values[g].resize(n * widest_input);
-    ws.steps[g].resize(n * widest_input / 16);
-    ws.scaled_sums[g].resize(n * widest_input / 16);
-    ws.sums[g].resize(n * widest_input / 16);
+    ws.values[g].resize(n * widest_input_);
+    ws.steps[g].resize(n * widest_input_ / 16);
+    ws.scaled_sums[g].resize(n * widest_input_ / 16);
+    ws.sums[g].resize(n * widest_input_ / 16);
   }
   std::vector<PairRange> ranges;  // set by the team's first thread
   float* h = hidden.data_ptr<float>();
@@ -509,7 +507,7 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
       PairRange* layer_ranges = ranges.data() + 4 * index * threads;
       const Layer& layer = layers_[index];
       const Steps& steps = steps_[index];
-      const int64_t capacity = values[index].size(1);
+      const int64_t capacity = values[index].size(1), inner = steps.down.input;
       void* key_cache = keys[index].data_ptr();
       void* value_cache = values[index].data_ptr();
       // RMSNorm of h's rows into `normed`, unit by unit (each thread works out a row's scale itself)

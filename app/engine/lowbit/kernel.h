@@ -219,6 +219,9 @@ class LayerStack {
   };
   std::vector<Layer> layers_;  // owns the tensors steps_ point into
   std::vector<Steps> steps_;
+  // The widest step input, padded step output and feed-forward width of all layers: what a
+  // pass's buffers hold per row.
+  int64_t widest_input_ = 0, widest_padded_ = 0, widest_inner_ = 0;
   int64_t heads_, kv_heads_, head_dim_;
   float scaling_;
   double eps_;
