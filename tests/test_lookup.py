@@ -6,7 +6,7 @@ from app.engine.cached_model import cached
 from app.engine.engine import SpeculativeEngine
 from app.engine.loop import Limits, speculative_generate
 from app.engine.policy import FixedK
-from app.engine.proposers import DraftModelProposer, PromptLookupProposer, continuation
+from app.engine.proposers import DraftModelProposer, NgramIndex, PromptLookupProposer, continuation
 from app.engine.sampling import SamplingParams
 from app.engine.steps import Source, Stats
 from tests.helpers import all_steps, generated_ids
@@ -20,6 +20,23 @@ def test_continuation_follows_the_latest_earlier_occurrence():
     assert continuation(ids, 9, max_ngram=3, min_ngram=3) == [8, 9, 5, 6, 7]  # up to the end
     assert continuation([5, 6, 7, 1, 2, 3], 3, max_ngram=3, min_ngram=3) == []
     assert continuation([5, 6, 7, 1, 2, 3, 7], 2, max_ngram=3, min_ngram=1) == [1, 2]
+
+
+def test_the_ngram_index_finds_what_continuation_finds():
+    """The draft model's lookups go through an index of the committed text, extended as tokens
+    are committed: the same continuations as searching the whole text each time, with or without
+    drafted tokens after it."""
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(100):  # three token kinds: n-grams recur often, also across the tail's start
+        ids = torch.randint(0, 3, (int(torch.randint(0, 60, (1,), generator=generator)),), generator=generator).tolist()
+        index = NgramIndex(3)
+        index.reset(ids[:5])
+        index.extend(ids[5:40])
+        index.extend(ids[40:])
+        for cut in range(0, 6):
+            tail = torch.randint(0, 3, (cut,), generator=generator).tolist()
+            for k in (1, 3, 8):
+                assert index.continuation(tail, k) == continuation(ids + tail, k, 3, 3)
 
 
 def test_a_repeated_ngram_is_proposed_without_running_the_model(tiny_target):

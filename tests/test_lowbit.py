@@ -442,6 +442,29 @@ def test_a_long_cache_grows_by_steps_and_keeps_what_it_held(path, monkeypatch):
     assert torch.equal(grown.forward(follow, keep=3), roomy.forward(follow, keep=3))
 
 
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_rotary_embeddings_from_the_table_equal_those_worked_out_each_pass(path, monkeypatch):
+    """The lean decoder looks each position's rotary cos and sin up in a table it makes when its
+    cache grows: the logits are bit for bit those of working them out on every pass, across growth."""
+    from app.engine.cached_model import cached
+    from app.engine.lowbit import skeleton
+
+    if path == "python":
+        monkeypatch.setattr(kernel, "native", lambda: None)
+    elif kernel.native() is None:
+        pytest.skip("the C++ kernel is not built on this machine")
+    model = quantize_model(tiny_model(seed=7, hidden=64).model, 4)
+    results = []
+    for static in (True, False):
+        monkeypatch.setattr(skeleton, "static_rope", lambda config: static)
+        decoder = cached(model)
+        decoder.feed(torch.arange(3, 203) % 96)
+        decoder.feed(torch.arange(90) % 96)  # past the first 256 positions: the table grows too
+        results.append(decoder.forward(torch.tensor([5, 6, 7]), keep=3))
+        assert (decoder._rotary is not None) == static
+    assert torch.equal(*results)
+
+
 @pytest.mark.skipif(kernel.native() is None, reason="the C++ kernel is not built on this machine")
 def test_a_built_kernel_is_loaded_as_it_is_without_a_compiler(tmp_path):
     """The library built for these sources is reused from its folder as it is, also from another

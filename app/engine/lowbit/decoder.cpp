@@ -341,14 +341,18 @@ void quantize_share(const Step& step, int64_t n, const float* x, Workspace& ws, 
                     Make&& make) {
   const int64_t k = step.input, unit = step.groups[1] ? 32 : 16, per_row = k / unit;
   const auto [begin, end] = share(n * per_row, thread, threads);
-  for (int64_t u = begin; u < end; ++u) {
-    const int64_t row = u / per_row, column = (u % per_row) * unit;
-    make(row, column, unit);
+  // The share's units row by row: one call each for its part of a row (a call per unit had cost
+  // more than the work of a unit)
+  for (int64_t u = begin; u < end;) {
+    const int64_t row = u / per_row, last = std::min(end, (row + 1) * per_row);
+    const int64_t column = (u % per_row) * unit, count = (last - u) * unit;
+    make(row, column, count);
     for (const int64_t group : {16, 32}) {
       if (!step.groups[group == 32]) continue;
       const int64_t first = (row * k + column) / group;
-      quantize_groups(x, group, first, first + unit / group, ws.quantized(step, group));
+      quantize_groups(x, group, first, first + count / group, ws.quantized(step, group));
     }
+    u = last;
   }
 }
 

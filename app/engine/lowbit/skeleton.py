@@ -26,7 +26,12 @@ def runs_lean(config) -> bool:
 
 def can_build(config) -> bool:
     """Whether LeanDecoder runs this config and its rotary embedding is one built here."""
-    return runs_lean(config) and _rope(config)["rope_type"] in STATIC_ROPE
+    return runs_lean(config) and static_rope(config)
+
+
+def static_rope(config) -> bool:
+    """Whether the rotary embedding of a position is the same whatever else is in the sequence."""
+    return _rope(config)["rope_type"] in STATIC_ROPE
 
 
 def head_dim(config) -> int:
