@@ -195,7 +195,7 @@ inline __m512 group_values(const void* values, __m512 step, int64_t g) {
 // Never inlined: each instantiation keeps its own register allocation (inlined into the
 // dispatching loop, the 6-bit ones ran 1.4x slower on 8 rows).
 //
-// pass: which pass over this pair (of 4 rows each) this is; it decides what is prefetched. A
+// pass: which pass over this pair (a block of rows each) this is; it decides what is prefetched. A
 // thread's pairs lie one after the other in memory, as do their scales and mins.
 template <int Rows, int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
