@@ -157,8 +157,11 @@ void take_pairs(PairRange* ranges, int thread, int threads, int64_t pairs, Produ
     const int64_t run = own ? std::max<int64_t>(1, pairs / (16 * threads)) : 1;
     uint64_t seen = range.load();
     for (;;) {
-      const int64_t front = seen & 0xFFFFFFFF, end = seen >> 32, count = std::min(run, end - front);
-      if (count <= 0) return;
+      // Runs shrink to half of what is left near the end of a share: the thread that runs out first
+      // then waits for at most about one pair of the other's, not a whole run.
+      const int64_t front = seen & 0xFFFFFFFF, end = seen >> 32;
+      if (end <= front) return;
+      const int64_t count = std::min(run, std::max<int64_t>(1, (end - front) / 2));
       const int64_t first = own ? front : end - count;
       const uint64_t left = own ? static_cast<uint64_t>(end) << 32 | (front + count)
                                 : static_cast<uint64_t>(end - count) << 32 | front;
