@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .lowbit import kernel, skeleton
-from .lowbit.modules import LowBitLinear, fuse
+from .lowbit.modules import LowBitEmbedding, LowBitLinear, fuse
 from .prefix_cache import PrefixStore, Snapshot
 
 PREFILL_CHUNK = 256  # rows per native stack call (64 to 256 read a 2,000-token prompt equally fast)
@@ -47,6 +47,7 @@ class LeanDecoder:
         self.head_dim = skeleton.head_dim(config)
         self.qkv, self.gate_up = fused_projections(model)
         self.stack = native_stack(model)  # None: the Python loop runs the layers
+        self._embed, self._final_norm = _embedding_lookup(model.model.embed_tokens), _normaliser(model.model.norm)
         # Keys are stored transposed, in blocks for the native stack: its attention reads 16 keys'
         # component d at once, and a block's keys lie together in memory.
         self.key_block = kernel.native().KEY_BLOCK if self.stack is not None else None
@@ -172,7 +173,7 @@ class LeanDecoder:
         n, start = token_ids.numel(), self.length
         end = start + n
         self._reserve(end)
-        hidden = decoder.embed_tokens(token_ids.view(1, n).to(self.device)).float()  # [1, n, hidden]
+        hidden = self._embed(token_ids.to(self.device))[None]  # [1, n, hidden]
         if self._rotary is not None:
             cos, sin = self._rotary[0][None, start:end], self._rotary[1][None, start:end]
         else:
@@ -182,7 +183,7 @@ class LeanDecoder:
         else:
             hidden = self._layers(hidden, cos, sin, start, keep)
         self.ids += token_ids.tolist()
-        return _rms_norm(decoder.norm, hidden[0, -keep:])
+        return self._final_norm(hidden[0, -keep:])
 
     def _stack_in_chunks(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                          keep: int) -> torch.Tensor:
@@ -279,6 +280,28 @@ def fused_projections(model: nn.Module) -> tuple[list, list]:
         _FUSED[model] = ([fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]) for layer in layers],
                          [fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers])
     return _FUSED[model]
+
+
+# The embedding lookup and the final norm go straight to the kernel where it is built: through the
+# modules and the Python checks on the way, the two had cost a draft pass about 0.2 ms of its 5-6
+# (its caches are cold once the layers' weights have streamed through them), directly 0.09.
+def _embedding_lookup(embedding: nn.Module):
+    """-> a function of token ids [n] long -> their embeddings [n, D] float32."""
+    module = kernel.native()
+    if module is not None and isinstance(embedding, LowBitEmbedding):
+        packed = embedding.packed
+        tensors = tuple(packed.tensors().values())
+        return lambda token_ids: module.rows(token_ids, *tensors, packed.group, packed.bits)
+    return lambda token_ids: embedding(token_ids).float()
+
+
+def _normaliser(norm: nn.Module):
+    """-> a function of x [n, D] float32 -> its RMSNorm, as _rms_norm computes it."""
+    module = kernel.native()
+    if module is not None and norm.weight.dtype == torch.float32:
+        weight, eps = norm.weight, norm.variance_epsilon
+        return lambda x: module.rms_norm(x, weight, eps)
+    return lambda x: _rms_norm(norm, x)
 
 
 def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
