@@ -7,16 +7,17 @@ import time
 
 from .chat.detokenize import IncrementalDecoder
 from .chat.prompt import chat_prompt_ids
-from .engine.engine import SpeculativeEngine
+from .engine.engine import GenerationOptions, SpeculativeEngine
 from .engine.errors import ModelError, PromptTooLongError
 from .engine.models import load_model, pick_device
-from .engine.steps import Source
+from .engine.steps import FinishReason, Source
 from .options import generation_options, load_options
 
 # Okabe-Ito-like colours that stay apart for colour-blind readers.
 ANSI = {Source.ACCEPTED: "\033[38;5;39m", Source.CORRECTED: "\033[38;5;208m", Source.BONUS: "\033[38;5;178m",
         Source.PLAIN: ""}
 RESET = "\033[0m"
+CONTINUE = "/continue"
 
 
 def run_terminal_chat(args: argparse.Namespace) -> int:
@@ -34,9 +35,11 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     colour = sys.stdout.isatty()
     legend = " ".join(f"{ANSI[s]}{s.value}{RESET}" for s in Source) if colour else ""
     print(f"Ready ({target.name}: {target.precision}; draft {draft.name}: {draft.precision}). "
-          f"Empty line or Ctrl-D quits. {legend}", file=sys.stderr)
+          f"{CONTINUE} goes on with an answer cut short; an empty line or Ctrl-D quits. {legend}", file=sys.stderr)
     messages: list[dict[str, str]] = []
     options = generation_options(args, max_new_tokens=args.max_new_tokens)
+    decoder: IncrementalDecoder | None = None  # the last answer's tokens and text
+    cut_short = False  # the last answer stopped at its length limit or was stopped
     while True:
         try:
             user = input("> " if sys.stdin.isatty() else "")
@@ -44,23 +47,52 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
             break
         if not user.strip():
             break
-        messages.append({"role": "user", "content": user})
-        decoder = IncrementalDecoder(target.tokenizer)
-        start = time.perf_counter()
+        continuing = user.strip() == CONTINUE
+        if continuing:
+            if decoder is None or not cut_short:
+                print("nothing to continue: no answer was cut short", file=sys.stderr)
+                continue
+            # The answer's own tokens follow its prompt, so the model goes on where it stopped (under
+            # greedy decoding, as a larger budget would have given it at once), as the window's Continue.
+            prompt_ids = chat_prompt_ids(target.tokenizer, messages[:-1]) + decoder.ids
+        else:
+            messages.append({"role": "user", "content": user})
+            decoder = IncrementalDecoder(target.tokenizer)
+            prompt_ids = chat_prompt_ids(target.tokenizer, messages)
         try:
-            for step in engine.generate(chat_prompt_ids(target.tokenizer, messages), options):
-                for token in step.tokens:
-                    piece = decoder.push(token.id)
-                    print(f"{ANSI[token.source]}{piece}{RESET}" if colour else piece, end="", flush=True)
+            cut_short = _stream(engine, prompt_ids, options, decoder, colour)
         except PromptTooLongError as error:
             print(f"\nerror: {error}", file=sys.stderr)
-            messages.pop()
+            if not continuing:
+                messages.pop()
+                decoder = None
             continue
-        except KeyboardInterrupt:
-            print("\n[stopped]", file=sys.stderr)
-        stats = step.stats
-        seconds = time.perf_counter() - start
-        print(f"\n[{stats.emitted} tokens, {stats.emitted / seconds:.2f} tokens/s, acceptance "
-              f"{stats.acceptance_rate:.0%}, mean accepted length {stats.mean_accepted_length:.2f}]", file=sys.stderr)
-        messages.append({"role": "assistant", "content": decoder.text})
+        if continuing:
+            messages[-1]["content"] = decoder.text
+        else:
+            messages.append({"role": "assistant", "content": decoder.text})
     return 0
+
+
+def _stream(engine: SpeculativeEngine, prompt_ids: list[int], options: GenerationOptions, decoder: IncrementalDecoder,
+            colour: bool) -> bool:
+    """Prints the answer to prompt_ids as it comes, its tokens pushed through decoder; returns
+    whether it was cut short (its length limit, or Ctrl-C)."""
+    start = time.perf_counter()
+    step = None
+    try:
+        for step in engine.generate(prompt_ids, options):
+            for token in step.tokens:
+                piece = decoder.push(token.id)
+                print(f"{ANSI[token.source]}{piece}{RESET}" if colour else piece, end="", flush=True)
+    except KeyboardInterrupt:
+        print("\n[stopped]", file=sys.stderr)
+        cut_short = True
+    else:
+        cut_short = step is not None and step.finish is FinishReason.LENGTH
+    if step is not None:
+        stats, seconds = step.stats, time.perf_counter() - start
+        print(f"\n[{stats.emitted} tokens, {stats.emitted / seconds:.2f} tokens/s, acceptance "
+              f"{stats.acceptance_rate:.0%}, mean accepted length {stats.mean_accepted_length:.2f}"
+              + (f"; cut short: {CONTINUE} goes on" if cut_short else "") + "]", file=sys.stderr)
+    return cut_short

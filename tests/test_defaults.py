@@ -77,3 +77,27 @@ def test_the_kv_cache_flag_reaches_the_engines_caches():
             assert isinstance(decoder, lean_decoder.LeanDecoder)
             decoder.feed(torch.tensor([1, 2, 3]))
             assert decoder.keys[0].dtype == decoder.values[0].dtype == dtype
+
+
+def test_the_terminal_chat_continues_an_answer_cut_short(tiny_target, tiny_draft, monkeypatch, capsys):
+    """`/continue` goes on with an answer its length limit cut: under greedy decoding the two
+    parts print what twice the budget prints at once; with nothing cut short it says so."""
+    from app import terminal
+
+    # the tiny models as loaded (their tokenizer does not survive a round trip through a folder)
+    monkeypatch.setattr(terminal, "load_model", lambda source, *args, **kwargs: {"t": tiny_target, "d": tiny_draft}[source])
+
+    def chat(lines: list[str], budget: int) -> tuple[str, str]:
+        typed = iter(lines)
+        monkeypatch.setattr("builtins.input", lambda prompt="": next(typed))
+        args = parsed("chat", "--target", "t", "--draft", "d", "--max-new-tokens", str(budget))
+        assert terminal.run_terminal_chat(args) == 0
+        captured = capsys.readouterr()
+        return captured.out, captured.err
+
+    whole, _ = chat(["t5 t9 t2", ""], 16)
+    parts, log = chat(["t5 t9 t2", "/continue", ""], 8)
+    assert "cut short" in log and log.count(" tokens, ") == 2  # the first part stopped at its limit
+    assert parts == whole and len(whole.split()) > 8
+    _, log = chat(["/continue", ""], 8)
+    assert "nothing to continue" in log
