@@ -174,6 +174,31 @@ def test_sampling_filters_reach_the_engine_and_are_remembered(qtbot, make_window
     assert make_window().controls.generation_options().sampling == chosen
 
 
+def test_the_kv_cache_picker_reloads_the_engine_and_is_remembered(qtbot, make_window, tiny_models):
+    """Models > KV cache: float32 rebuilds the engine on the loaded models with float32 caches (the
+    memory line says so); the choice survives a restart."""
+    import torch
+
+    from app.engine.lowbit import kernel
+    from app.engine.lowbit.modules import quantize_model
+    from app.engine.models import LoadedModel
+
+    if kernel.native() is None:
+        pytest.skip("the C++ kernel is not built on this machine: the Python loop's cache is float32")
+    tiny = tiny_model(seed=1, hidden=64)
+    lowbit = LoadedModel("tiny low-bit", quantize_model(tiny.model, 4), tiny.tokenizer)
+    tiny_models["default-target"] = tiny_models["default-draft"] = lowbit
+    window = make_window()
+    assert window.engine.kv_cache == torch.float16
+    with qtbot.waitSignal(window.loader.loaded, timeout=10_000):
+        window.controls.kv_cache.setCurrentIndex(window.controls.kv_cache.findData("float32"))
+    assert window.engine.kv_cache == torch.float32
+    send_and_wait(qtbot, window)
+    assert "(float32)" in window.acceptance.fields["memory"].text()
+    window.save_settings()
+    assert make_window().engine.kv_cache == torch.float32
+
+
 def test_stop_cancels_generation(qtbot, make_window):
     window = make_window(max_new_tokens=5000)
     window.composer.setPlainText("go on forever")

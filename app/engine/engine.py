@@ -98,6 +98,12 @@ class SpeculativeEngine:
             model.reset()
             model.prefixes.clear()
 
+    @property
+    def kv_cache(self) -> torch.dtype | None:
+        """What the target's KV cache holds keys and values in, where the lean decoder keeps it
+        (float16 by default, float32 on request or without the C++ kernel); None on transformers' path."""
+        return getattr(self._target, "cache_dtype", None)
+
     def cache_bytes(self) -> int:
         """The memory both models' caches and their kept copies take."""
         return sum(model.cache_bytes + model.prefixes.nbytes for model in self._cached_models())

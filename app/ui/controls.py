@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QSpinBox, QTabWidget, QWidget)
 
 from ..engine.engine import GenerationOptions, ProposerKind
+from ..engine.lean_decoder import CACHE_DTYPES
 from ..engine.models import Precision
 from ..engine.sampling import SamplingParams
 from ..options import DEFAULTS, LOAD_DEFAULTS, LoadOptions
@@ -15,6 +16,7 @@ from ..options import DEFAULTS, LOAD_DEFAULTS, LoadOptions
 DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
 DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]
 INCOMPATIBLE = "  (different vocabulary)"
+CACHE_LABELS = {"float16": "float16 (half the memory)", "float32": "float32 (the reference's rounding)"}
 PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.BITS4: "4-bit",
                     Precision.BITS3: "3-bit feed-forward, 4-bit rest",
                     Precision.FP32: "fp32 (reference)", Precision.INT8: "fp32 + dynamic int8"}
@@ -46,12 +48,20 @@ class ControlsPanel(QTabWidget):
                                   "fp32 is the dequantized reference. CUDA always runs bfloat16.")
         self.draft_precision.setToolTip("CPU weights of the draft. A cheaper draft never changes the answer:\n"
                                         "only the target decides what is emitted.")
+        self.kv_cache = QComboBox()
+        for name in CACHE_DTYPES:
+            self.kv_cache.addItem(CACHE_LABELS[name], name)
+        self.kv_cache.setCurrentIndex(self.kv_cache.findData(LOAD_DEFAULTS.kv_cache))
+        self.kv_cache.setToolTip("Keys and values the low-bit models keep for the conversation (llama.cpp's cache type).\n"
+                                 "float16 halves their memory and reads faster on long chats; float32 rounds as the\n"
+                                 "fp32 reference does. Plain and speculative decoding round alike with either.")
         self.device = QLabel(device_text)
         self.device.setWordWrap(True)
         form.addRow("Target", self.target)
         form.addRow("Draft", self.draft)
         form.addRow("Target precision", self.precision)
         form.addRow("Draft precision", self.draft_precision)
+        form.addRow("KV cache", self.kv_cache)
         form.addRow("", self.add_model)
         form.addRow("Device", self.device)
 
@@ -126,6 +136,7 @@ class ControlsPanel(QTabWidget):
         self.draft.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.draft_precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
+        self.kv_cache.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.add_model.clicked.connect(self.add_model_requested.emit)
         self.speculative.toggled.connect(self._update_enabled)
         self.temperature.valueChanged.connect(lambda _: self._update_enabled())
@@ -156,7 +167,8 @@ class ControlsPanel(QTabWidget):
     def load_options(self) -> LoadOptions:
         return LoadOptions(target=self.target_source(), draft=self.draft_source(),
                            precision=Precision(self.precision.currentData()),
-                           draft_precision=Precision(self.draft_precision.currentData()))
+                           draft_precision=Precision(self.draft_precision.currentData()),
+                           kv_cache=self.kv_cache.currentData())
 
     def target_source(self) -> str:
         return self.target.currentData()

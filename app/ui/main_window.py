@@ -200,7 +200,7 @@ class MainWindow(QMainWindow):
             c.add_source(Path(source).name or source, source)
         # Unset keys keep the controls' own values, which are the shared defaults.
         for combo, key in ((c.target, "target"), (c.draft, "draft"), (c.precision, "precision"),
-                           (c.draft_precision, "draft_precision")):
+                           (c.draft_precision, "draft_precision"), (c.kv_cache, "kv_cache")):
             combo.blockSignals(True)  # one model load after all of them, not one per combo
             combo.setCurrentIndex(max(combo.findData(s.value(key, combo.currentData())), 0))
             combo.blockSignals(False)
@@ -225,6 +225,7 @@ class MainWindow(QMainWindow):
         options = c.generation_options()
         for key, value in [("target", c.target_source()), ("draft", c.draft_source()),
                            ("precision", c.precision.currentData()), ("draft_precision", c.draft_precision.currentData()),
+                           ("kv_cache", c.kv_cache.currentData()),
                            ("speculative", options.speculative), ("k", options.k), ("adaptive", options.adaptive),
                            ("lookup", c.lookup.isChecked()),
                            ("proposer", options.proposer.value), ("temperature", options.sampling.temperature),
@@ -414,7 +415,8 @@ class MainWindow(QMainWindow):
         self.stop_button.setEnabled(busy)
         # Chats and models can be changed only between answers.
         for widget in (self.controls.add_model, self.chat_list, self.new_button, self.delete_button, self.controls.target,
-                       self.controls.draft, self.controls.precision, self.controls.draft_precision):
+                       self.controls.draft, self.controls.precision, self.controls.draft_precision,
+                       self.controls.kv_cache):
             widget.setEnabled(not busy)
 
     def _can_start(self) -> bool:
@@ -618,7 +620,9 @@ class MainWindow(QMainWindow):
         target, draft, caches = self.engine.target, self.engine.draft, self.engine.cache_bytes()
         self.acceptance.show_memory(
             f"target {target.memory_bytes / 2**30:.2f} GiB ({target.precision}), draft {draft.memory_bytes / 2**30:.2f} "
-            f"GiB ({draft.precision})" + (f", caches {caches / 2**20:,.0f} MiB" if caches else ""),
+            f"GiB ({draft.precision})"
+            + (f", caches {caches / 2**20:,.0f} MiB" if caches else "")
+            + (f" ({str(self.engine.kv_cache).removeprefix('torch.')})" if caches and self.engine.kv_cache else ""),
             f"The draft's weights add {draft.memory_bytes / target.memory_bytes:.0%} to the target's. The caches hold "
             "the keys and values of this conversation, and of earlier ones kept so that going back to them reads "
             "only what is new.")
