@@ -117,7 +117,8 @@ struct GroupQuantized {
 };
 
 #if defined(__AVX512VNNI__) && !defined(SPECCHAT_VNNI256)
-constexpr int kMaxRows = 5;  // rows per register block (x 2 tiles x 2 accumulators: 20 of the 32 registers; 6 rows spilled them)
+// Rows per register block (x 2 tiles x 2 accumulators: 20 of the 32 registers; 6 rows spilled them)
+constexpr int kMaxRows = 5;
 
 // One group of activations as int8, 16 values per instruction (see quantize_rows): q [group];
 // returns the group's step and the sum of its int8 values.
