@@ -514,14 +514,11 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
       const int64_t capacity = values[index].size(1), inner = steps.down.input;
       void* key_cache = keys[index].data_ptr();
       void* value_cache = values[index].data_ptr();
-      // RMSNorm of h's rows into `normed`, unit by unit (each thread works out a row's scale itself)
+      // RMSNorm of h's rows into `normed`, a thread's part of a row at a time (each thread works
+      // out the row's scale itself: quantize_share calls it once per row it has a part of)
       const auto normalise = [&](const at::Tensor& weight) {
-        return [&, w = weight.data_ptr<float>(), scaled_row = int64_t{-1}, row_scale = 0.f](
-                   int64_t row, int64_t column, int64_t count) mutable {
-          if (row != scaled_row) {
-            row_scale = rms_scale(h + row * d, d, eps_);
-            scaled_row = row;
-          }
+        return [&, w = weight.data_ptr<float>()](int64_t row, int64_t column, int64_t count) {
+          const float row_scale = rms_scale(h + row * d, d, eps_);
           for (int64_t i = column; i < column + count; ++i) ws.normed[row * d + i] = h[row * d + i] * row_scale * w[i];
         };
       };
