@@ -43,7 +43,9 @@
 
 namespace {
 
-constexpr int64_t kAheadBytes = 8192;  // how far ahead each weight stream is prefetched
+// How far ahead each weight stream is prefetched: into L1 as non-temporal data (AVX-512), into
+// L2 (AVX2; 4 KB there took 1.05x the time of a one-row target pass here, built for AVX2).
+constexpr int64_t kAheadBytes = 4096, kAheadBytesL2 = 8192;
 
 // One instantiation of the kernel: 4-input chunks per group (8 for groups of 32, 4 for 16) and
 // the weight's format.
@@ -190,15 +192,17 @@ inline __m512 group_values(const void* values, __m512 step, int64_t g) {
   }
 }
 
-// Two 16-output tiles against `Rows` activation rows, over all K: each broadcast activation word
-// feeds both tiles, which halves the broadcasts (the limit of this loop on AVX-512 machines).
+// One or two 16-output tiles against `Rows` activation rows, over all K (with two, each broadcast
+// activation word feeds both tiles, which halves the broadcasts of a larger batch).
 // The arithmetic of each output is the same whatever Rows is: batch invariance.
 // Never inlined: each instantiation keeps its own register allocation (inlined into the
 // dispatching loop, the 6-bit ones ran 1.4x slower on 8 rows).
 //
-// pass: which pass over this pair (a block of rows each) this is; it decides what is prefetched. A
-// thread's pairs lie one after the other in memory, as do their scales and mins.
-template <int Rows, int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
+// Tiles: 2, the pair; 1, the tile at q alone (p1 unused), one stream of weights and of params that
+// runs on into the next tile. pass: which pass over this pair (a block of rows each) this is; it
+// decides what is prefetched. A thread's pairs lie one after the other in memory, as do their
+// scales and mins.
+template <int Tiles, int Rows, int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
                                                 const TileParams& p1, int64_t groups, int64_t per_step, int pass,
                                                 const Activations& act, float* out, int64_t out_stride) {
@@ -212,7 +216,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
   constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytes / (kLines * 64));  // in groups
   const uint8_t* q1 = q + tile_bytes;
   __m512 acc0[Rows], acc1[Rows];
-  for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();  // acc1 unused with one tile
   const TileParams tile0 = p0, tile1 = p1;  // local copies: no aliasing with the output
   const __m512i table0 = value_table(tile0.values), table1 = value_table(tile1.values);
   __m512 scale_step0, scale_step1, min_step0, min_step1;  // the current super-block's steps
@@ -221,42 +225,56 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     if constexpr (Coded) {
       if (in_super_block == 0) {
         scale_step0 = load_halves(tile0.scale_step + super_block * kTile);
-        scale_step1 = load_halves(tile1.scale_step + super_block * kTile);
+        if constexpr (Tiles == 2) scale_step1 = load_halves(tile1.scale_step + super_block * kTile);
         if constexpr (!Symmetric) {
           min_step0 = load_halves(tile0.min_step + super_block * kTile);
-          min_step1 = load_halves(tile1.min_step + super_block * kTile);
+          if constexpr (Tiles == 2) min_step1 = load_halves(tile1.min_step + super_block * kTile);
         }
       }
     }
-    // Prefetch into L2. A first pass over the pair fetches about kAheadBytes ahead on each stream
-    // (weights, scales, mins of both tiles): tile 1's streams run on into the next pair's tile 0,
-    // tile 0's jump to the next pair's tile 1 once its own groups run out. The previous scheme (4
-    // groups ahead into L1, within the pair) read the target's gate/up weights at 18 GB/s at one
-    // row, this one at 28 (a one-off A/B in one process, 2026-12-03). More than 4 rows take
-    // several passes over the pair, the later ones from the caches: the second fetches the whole
-    // next pair meanwhile, so that DRAM works while the arithmetic does. Prefetches never fault,
-    // so the last pair's look past its end is harmless.
-    if (pass < 2) {
+    // Prefetch. A first pass fetches about kAheadBytes ahead on each stream (weights, scales,
+    // mins) into L1 as non-temporal data (read once: the caches keep the rest): one-row passes of
+    // the pair took 0.93-0.94x the time (target) and 0.98x (draft) than with 8 KB ahead into L2
+    // (alternated in one process, 2026-12-04). A pair's first pass: tile 1's streams run on into
+    // the next pair's tile 0, tile 0's jump to the next pair's tile 1 once its own groups run out.
+    // More than 5 rows take several passes over the pair, the later ones from the caches: the
+    // second fetches the whole next pair into L2 meanwhile, so that DRAM works while the
+    // arithmetic does. Prefetches never fault, so the last pair's look past its end is harmless.
+    // locality: __builtin_prefetch's (0: non-temporal, prefetchnta; 2: prefetcht1, into L2)
+    // (inlined: a call here would spill every live vector register around it, all caller-saved)
+    const auto prefetch = [&](auto locality, int64_t g_ahead) __attribute__((always_inline)) {  // g_ahead: counted from this pair's tile 0
+      const auto fetch = [](const void* p) __attribute__((always_inline)) { __builtin_prefetch(p, 0, decltype(locality)::value); };
       const int64_t tile_params = groups * kTile * kParamBytes;
-      const int64_t g_ahead = pass == 0 ? g + kAhead : g + groups;  // counted from this pair's tile 0
       const bool own = g_ahead < groups;  // still in this pair (tile 0's stream)
       const int64_t at = own ? g_ahead : g_ahead - groups;  // group in the tile the streams reach
       const uint8_t* lines0 = (own ? q : q + 3 * tile_bytes) + at * kLines * 64;
       const uint8_t* lines1 = q1 + g_ahead * kLines * 64;
       for (int line = 0; line < kLines; ++line) {
-        _mm_prefetch(reinterpret_cast<const char*>(lines0 + line * 64), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(lines1 + line * 64), _MM_HINT_T1);
+        fetch(lines0 + line * 64);
+        fetch(lines1 + line * 64);
       }
       if ((at * kTile * kParamBytes) % 64 == 0) {  // a new cache line of scales (and mins)
         const int64_t at0 = (own ? 0 : 3 * tile_params) + at * kTile * kParamBytes;
         const int64_t at1 = g_ahead * kTile * kParamBytes;
-        _mm_prefetch(static_cast<const char*>(tile0.scale) + at0, _MM_HINT_T1);
-        _mm_prefetch(static_cast<const char*>(tile1.scale) + at1, _MM_HINT_T1);
+        fetch(static_cast<const char*>(tile0.scale) + at0);
+        fetch(static_cast<const char*>(tile1.scale) + at1);
         if constexpr (!Symmetric) {
-          _mm_prefetch(static_cast<const char*>(tile0.min) + at0, _MM_HINT_T1);
-          _mm_prefetch(static_cast<const char*>(tile1.min) + at1, _MM_HINT_T1);
+          fetch(static_cast<const char*>(tile0.min) + at0);
+          fetch(static_cast<const char*>(tile1.min) + at1);
         }
       }
+    };
+    if constexpr (Tiles == 1) {  // one pass: the streams of a tile run on into the next tile's
+      const int64_t at = g + kAhead;
+      for (int line = 0; line < kLines; ++line) __builtin_prefetch(q + at * kLines * 64 + line * 64, 0, 0);
+      if ((at * kTile * kParamBytes) % 64 == 0) {
+        __builtin_prefetch(static_cast<const char*>(tile0.scale) + at * kTile * kParamBytes, 0, 0);
+        if constexpr (!Symmetric) __builtin_prefetch(static_cast<const char*>(tile0.min) + at * kTile * kParamBytes, 0, 0);
+      }
+    } else if (pass == 0) {
+      prefetch(std::integral_constant<int, 0>{}, g + kAhead);
+    } else if (pass == 1) {
+      prefetch(std::integral_constant<int, 2>{}, g + groups);
     }
     __m512i dot0[kChains][Rows], dot1[kChains][Rows];
     for (int c = 0; c < kChains; ++c) {
@@ -275,12 +293,12 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
 #define SPECCHAT_CHUNK_PRODUCTS                                                      \
   {                                                                                  \
     const __m512i w0 = chunk_weights<Chunks, Bits, Mapped>(lines0, chunk, table0);   \
-    const __m512i w1 = chunk_weights<Chunks, Bits, Mapped>(lines1, chunk, table1);   \
+    const __m512i w1 = Tiles == 2 ? chunk_weights<Chunks, Bits, Mapped>(lines1, chunk, table1) : w0; \
     const int chain = chunk % kChains;                                               \
     for (int r = 0; r < Rows; ++r) {                                                 \
       const __m512i word = broadcast4(a + r * act.k + 4 * chunk);                    \
       dot0[chain][r] = _mm512_dpbusd_epi32(dot0[chain][r], w0, word);                \
-      dot1[chain][r] = _mm512_dpbusd_epi32(dot1[chain][r], w1, word);                \
+      if constexpr (Tiles == 2) dot1[chain][r] = _mm512_dpbusd_epi32(dot1[chain][r], w1, word); \
     }                                                                                \
   }
     if constexpr (Bits == 5 || Bits < 4) {
@@ -295,23 +313,23 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     for (int c = 1; c < kChains; ++c) {
       for (int r = 0; r < Rows; ++r) {
         dot0[0][r] = _mm512_add_epi32(dot0[0][r], dot0[c][r]);
-        dot1[0][r] = _mm512_add_epi32(dot1[0][r], dot1[c][r]);
+        if constexpr (Tiles == 2) dot1[0][r] = _mm512_add_epi32(dot1[0][r], dot1[c][r]);
       }
     }
     const __m512 w_scale0 = group_values<Coded>(tile0.scale, scale_step0, g);
-    const __m512 w_scale1 = group_values<Coded>(tile1.scale, scale_step1, g);
+    const __m512 w_scale1 = Tiles == 2 ? group_values<Coded>(tile1.scale, scale_step1, g) : w_scale0;
     for (int r = 0; r < Rows; ++r) {
       const __m512 a_step = _mm512_set1_ps(act.step[r * groups + g]);
       acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0[0][r]), _mm512_mul_ps(w_scale0, a_step), acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1[0][r]), _mm512_mul_ps(w_scale1, a_step), acc1[r]);
+      if constexpr (Tiles == 2) acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1[0][r]), _mm512_mul_ps(w_scale1, a_step), acc1[r]);
     }
     if constexpr (!Symmetric) {
       const __m512 w_min0 = group_values<Coded>(tile0.min, min_step0, g);
-      const __m512 w_min1 = group_values<Coded>(tile1.min, min_step1, g);
+      const __m512 w_min1 = Tiles == 2 ? group_values<Coded>(tile1.min, min_step1, g) : w_min0;
       for (int r = 0; r < Rows; ++r) {
         const __m512 a_sum = _mm512_set1_ps(act.scaled_sum[r * groups + g]);
         acc0[r] = _mm512_fnmadd_ps(w_min0, a_sum, acc0[r]);
-        acc1[r] = _mm512_fnmadd_ps(w_min1, a_sum, acc1[r]);
+        if constexpr (Tiles == 2) acc1[r] = _mm512_fnmadd_ps(w_min1, a_sum, acc1[r]);
       }
     }
     if (++in_super_block == per_step) {
@@ -321,19 +339,38 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
   }
   for (int r = 0; r < Rows; ++r) {
     _mm512_storeu_ps(out + r * out_stride, acc0[r]);
-    _mm512_storeu_ps(out + r * out_stride + kTile, acc1[r]);
+    if constexpr (Tiles == 2) _mm512_storeu_ps(out + r * out_stride + kTile, acc1[r]);
   }
 }
 
+// A block of rows against the pair: with one block (up to kMaxRows rows, so every verification
+// and decoding step) each tile on its own, one after the other, so that a thread reads one stream
+// of weights: one-row passes took 0.80-0.81x the time of the pair at once (target) and 0.84x
+// (draft), 2 to 4 rows 0.79-0.84x, 5 rows the same (one-off A/B in one process, 2026-12-04). The
+// blocks of a larger batch (3 to 5 rows each: near-equal blocks of at most 5) take the pair at
+// once, so that each broadcast activation feeds two tiles.
 template <int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
-void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
-                 int64_t groups, int64_t per_step, int pass, const Activations& act, float* out, int64_t out_stride) {
-#define SPECCHAT_ROWS(R)                                                                                        \
-  case R:                                                                                                       \
-    return tile_pair_kernel<R, Chunks, Bits, Coded, Symmetric, Mapped>(q, tile_bytes, p0, p1, groups, per_step, \
-                                                                       pass, act, out, out_stride);
-  switch (rows) { SPECCHAT_ROWS(1) SPECCHAT_ROWS(2) SPECCHAT_ROWS(3) SPECCHAT_ROWS(4) SPECCHAT_ROWS(5) }
-#undef SPECCHAT_ROWS
+void rows_kernel(int rows, bool one_block, const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
+                 const TileParams& p1, int64_t groups, int64_t per_step, int pass, const Activations& act, float* out,
+                 int64_t out_stride) {
+#define SPECCHAT_TILES(R)                                                                                            \
+  case R:                                                                                                            \
+    tile_pair_kernel<1, R, Chunks, Bits, Coded, Symmetric, Mapped>(q, tile_bytes, p0, p0, groups, per_step, pass, act, \
+                                                                   out, out_stride);                                \
+    tile_pair_kernel<1, R, Chunks, Bits, Coded, Symmetric, Mapped>(q + tile_bytes, tile_bytes, p1, p1, groups,        \
+                                                                   per_step, pass, act, out + kTile, out_stride);    \
+    return;
+#define SPECCHAT_PAIR(R)                                                                                           \
+  case R:                                                                                                          \
+    return tile_pair_kernel<2, R, Chunks, Bits, Coded, Symmetric, Mapped>(q, tile_bytes, p0, p1, groups, per_step, \
+                                                                          pass, act, out, out_stride);
+  if (one_block) {
+    switch (rows) { SPECCHAT_TILES(1) SPECCHAT_TILES(2) SPECCHAT_TILES(3) SPECCHAT_TILES(4) SPECCHAT_TILES(5) }
+  } else {
+    switch (rows) { SPECCHAT_PAIR(3) SPECCHAT_PAIR(4) SPECCHAT_PAIR(5) }
+  }
+#undef SPECCHAT_PAIR
+#undef SPECCHAT_TILES
 }
 
 // Output tiles t and t + 1 of every row: out [rows, n] gets their 32 columns.
@@ -351,8 +388,8 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
     float* to = out + r0 * n + t * kTile;
     with_shape(bits, format, group, [&](auto shape) {
       using S = decltype(shape);
-      rows_kernel<S::kChunks, S::kBits, S::kCoded, S::kSymmetric, S::kMapped>(block, tq, tile_bytes, p0, p1, groups,
-                                                                             params.per_step, pass, block_act, to, n);
+      rows_kernel<S::kChunks, S::kBits, S::kCoded, S::kSymmetric, S::kMapped>(block, blocks == 1, tq, tile_bytes, p0, p1,
+                                                                             groups, params.per_step, pass, block_act, to, n);
     });
     r0 += block;
   }
@@ -475,7 +512,7 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
   constexpr int kLines = lines_per_group(Chunks, Bits);
   constexpr int kValueBits = Mapped ? 8 : Bits;  // the width of what the integers stand for
   constexpr int32_t kOffset = 1 << (kValueBits - 1);  // symmetric: w = scale * (value - kOffset), no min stored
-  constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytes / (kLines * 64));  // in groups
+  constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytesL2 / (kLines * 64));  // in groups
   const __m256i table = value_table(tile.values);
   __m256 acc[Rows][2];
   for (int r = 0; r < Rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
