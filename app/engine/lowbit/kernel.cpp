@@ -121,6 +121,8 @@ struct GroupQuantized {
 #if defined(__AVX512VNNI__) && !defined(SPECCHAT_VNNI256)
 // Rows per register block (x 2 tiles x 2 accumulators: 20 of the 32 registers; 6 rows spilled them)
 constexpr int kMaxRows = 5;
+// Rows one tile alone takes in one block (7 x 2 registers; more rows go in pair blocks, see rows_kernel)
+constexpr int kTileRows = 7;
 
 // One group of activations as int8, 16 values per instruction (see quantize_rows): q [group];
 // returns the group's step and the sum of its int8 values.
@@ -343,12 +345,13 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
   }
 }
 
-// A block of rows against the pair: with one block (up to kMaxRows rows, so every verification
-// and decoding step) each tile on its own, one after the other, so that a thread reads one stream
-// of weights: one-row passes took 0.80-0.81x the time of the pair at once (target) and 0.84x
-// (draft), 2 to 4 rows 0.79-0.84x, 5 rows the same (one-off A/B in one process, 2026-12-04). The
-// blocks of a larger batch (3 to 5 rows each: near-equal blocks of at most 5) take the pair at
-// once, so that each broadcast activation feeds two tiles.
+// A block of rows against the pair: with one block (up to kTileRows rows: every decoding step and
+// most verifications) each tile on its own, one after the other, so that a thread reads one
+// stream of weights: against the pair at once, one-row passes took 0.80-0.81x the time (target)
+// and 0.82-0.84x (draft), 2 to 4 rows 0.79-0.89x, 5 rows 0.87-0.94x, 6 and 7 rows 0.85x and 0.88x
+// (one-off A/B in one process, 2026-12-04); from 8 rows on the tiles alone were no faster (their
+// broadcasts double). The blocks of a larger batch (3 to 5 rows each: near-equal blocks of at
+// most 5) take the pair at once, so that each broadcast activation feeds two tiles.
 template <int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 void rows_kernel(int rows, bool one_block, const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
                  const TileParams& p1, int64_t groups, int64_t per_step, int pass, const Activations& act, float* out,
@@ -365,7 +368,9 @@ void rows_kernel(int rows, bool one_block, const uint8_t* q, int64_t tile_bytes,
     return tile_pair_kernel<2, R, Chunks, Bits, Coded, Symmetric, Mapped>(q, tile_bytes, p0, p1, groups, per_step, \
                                                                           pass, act, out, out_stride);
   if (one_block) {
-    switch (rows) { SPECCHAT_TILES(1) SPECCHAT_TILES(2) SPECCHAT_TILES(3) SPECCHAT_TILES(4) SPECCHAT_TILES(5) }
+    switch (rows) {
+      SPECCHAT_TILES(1) SPECCHAT_TILES(2) SPECCHAT_TILES(3) SPECCHAT_TILES(4) SPECCHAT_TILES(5) SPECCHAT_TILES(6) SPECCHAT_TILES(7)
+    }
   } else {
     switch (rows) { SPECCHAT_PAIR(3) SPECCHAT_PAIR(4) SPECCHAT_PAIR(5) }
   }
@@ -378,9 +383,9 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
                    int64_t group, int64_t bits, Format format, const Activations& act, float* out, int64_t n) {
   const TileParams p0 = params.tile(t), p1 = params.tile(t + 1);
   const int64_t groups = params.groups;
-  // Blocks of near-equal size (8 rows as 4 + 4, not 5 + 3): each block unpacks the weights again,
-  // and a small block pays that for few rows.
-  const int blocks = (rows + kMaxRows - 1) / kMaxRows;
+  // Up to kTileRows rows in one block; more in blocks of near-equal size (8 rows as 4 + 4, not 5 +
+  // 3): each block unpacks the weights again, and a small block pays that for few rows.
+  const int blocks = rows <= kTileRows ? 1 : (rows + kMaxRows - 1) / kMaxRows;
   for (int r0 = 0, pass = 0; r0 < rows; ++pass) {
     const int block = (rows - r0 + (blocks - pass) - 1) / (blocks - pass);
     const uint8_t* tq = q + t * tile_bytes;
