@@ -119,7 +119,7 @@ struct GroupQuantized {
 };
 
 #if defined(__AVX512VNNI__) && !defined(SPECCHAT_VNNI256)
-// Rows per register block (x 2 tiles x 2 accumulators: 20 of the 32 registers; 6 rows spilled them)
+// Rows per register block of the pair (x 2 tiles x 2 accumulators: 20 of the 32 registers; 6 rows spilled them)
 constexpr int kMaxRows = 5;
 // Rows one tile alone takes in one block (7 x 2 registers; more rows go in pair blocks, see rows_kernel)
 constexpr int kTileRows = 7;
