@@ -115,10 +115,11 @@ class SpeculativeEngine:
         """Time target passes over 1..17 tokens, a draft token and the draft's catch-up on 64
         tokens once (about a second for the default pair), so the cost-aware policy chooses well
         from the first step; later steps refine the figures. Runs on first use when nobody called
-        it after loading. Every pass up to 6 tokens is timed: the kernel takes up to 5 rows at a
-        time (6 as 3 + 3), so a straight line between points further apart misjudges the passes in
-        between by 10-20% (at 4 rows a block, a line from 2 to 5 rows had kept the policy at k = 1)."""
-        self.costs.verify.update(pass_seconds(self._target, (1, 2, 3, 4, 5, 6, 9, 17)))
+        it after loading. Every pass up to 8 tokens is timed: the AVX-512 kernel takes up to 7 rows
+        in one block and 8 as two (4 + 4), so a straight line between points further apart misjudges
+        the passes in between by 10-20% (at 4 rows a block, a line from 2 to 5 rows had kept the
+        policy at k = 1)."""
+        self.costs.verify.update(pass_seconds(self._target, (1, 2, 3, 4, 5, 6, 7, 8, 9, 17)))
         if self._draft is None:  # only prompt lookup drafts, at next to no cost
             self.costs.draft_token = 1e-5
             return
