@@ -82,8 +82,8 @@ class CostAwareK:
     # Below 0.5 since verification of up to 7 tokens costs little more than of one: on 10 GSM8K
     # prompts 0.4 was 1.040x and 0.3 1.030x the speculative speed of 0.5 (0.35 and 0.25: 1.020x
     # and 1.019x in another run; policies alternated on one engine, 2026-12-04); on the 8
-    # translation prompts 0.986x that way, and bench speed's speculation against plain 1.099x and
-    # 0.984x with 0.4, 1.067x and 0.988x with 0.5 (alternated runs).
+    # translation prompts 0.986x that way, and the translation bench speed's speculation against
+    # plain 1.099x and 0.984x with 0.4, 1.067x and 0.988x with 0.5 (alternated runs).
     min_confidence: float = 0.4
     probe_every: int = 8
     explore_every: int = 16
