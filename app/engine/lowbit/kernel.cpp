@@ -237,8 +237,9 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     // Prefetch. A first pass fetches about kAheadBytes ahead on each stream (weights, scales,
     // mins) into L1 as non-temporal data (read once: the caches keep the rest): one-row passes of
     // the pair took 0.93-0.94x the time (target) and 0.98x (draft) than with 8 KB ahead into L2
-    // (alternated in one process, 2026-12-04). A pair's first pass: tile 1's streams run on into
-    // the next pair's tile 0, tile 0's jump to the next pair's tile 1 once its own groups run out.
+    // (alternated in one process, 2026-12-04). One tile's streams run on into the next tile's; a
+    // pair's tile 1's streams run on into the next pair's tile 0, tile 0's jump to the next pair's
+    // tile 1 once its own groups run out.
     // More than 5 rows take several passes over the pair, the later ones from the caches: the
     // second fetches the whole next pair into L2 meanwhile, so that DRAM works while the
     // arithmetic does. Prefetches never fault, so the last pair's look past its end is harmless.
@@ -247,33 +248,26 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     const auto prefetch = [&](auto locality, int64_t g_ahead) __attribute__((always_inline)) {  // g_ahead: counted from this pair's tile 0
       const auto fetch = [](const void* p) __attribute__((always_inline)) { __builtin_prefetch(p, 0, decltype(locality)::value); };
       const int64_t tile_params = groups * kTile * kParamBytes;
-      const bool own = g_ahead < groups;  // still in this pair (tile 0's stream)
+      const bool own = Tiles == 1 || g_ahead < groups;  // tile 0's stream still in this pair
       const int64_t at = own ? g_ahead : g_ahead - groups;  // group in the tile the streams reach
       const uint8_t* lines0 = (own ? q : q + 3 * tile_bytes) + at * kLines * 64;
       const uint8_t* lines1 = q1 + g_ahead * kLines * 64;
       for (int line = 0; line < kLines; ++line) {
         fetch(lines0 + line * 64);
-        fetch(lines1 + line * 64);
+        if constexpr (Tiles == 2) fetch(lines1 + line * 64);
       }
       if ((at * kTile * kParamBytes) % 64 == 0) {  // a new cache line of scales (and mins)
         const int64_t at0 = (own ? 0 : 3 * tile_params) + at * kTile * kParamBytes;
         const int64_t at1 = g_ahead * kTile * kParamBytes;
         fetch(static_cast<const char*>(tile0.scale) + at0);
-        fetch(static_cast<const char*>(tile1.scale) + at1);
+        if constexpr (Tiles == 2) fetch(static_cast<const char*>(tile1.scale) + at1);
         if constexpr (!Symmetric) {
           fetch(static_cast<const char*>(tile0.min) + at0);
-          fetch(static_cast<const char*>(tile1.min) + at1);
+          if constexpr (Tiles == 2) fetch(static_cast<const char*>(tile1.min) + at1);
         }
       }
     };
-    if constexpr (Tiles == 1) {  // one pass: the streams of a tile run on into the next tile's
-      const int64_t at = g + kAhead;
-      for (int line = 0; line < kLines; ++line) __builtin_prefetch(q + at * kLines * 64 + line * 64, 0, 0);
-      if ((at * kTile * kParamBytes) % 64 == 0) {
-        __builtin_prefetch(static_cast<const char*>(tile0.scale) + at * kTile * kParamBytes, 0, 0);
-        if constexpr (!Symmetric) __builtin_prefetch(static_cast<const char*>(tile0.min) + at * kTile * kParamBytes, 0, 0);
-      }
-    } else if (pass == 0) {
+    if (pass == 0) {
       prefetch(std::integral_constant<int, 0>{}, g + kAhead);
     } else if (pass == 1) {
       prefetch(std::integral_constant<int, 2>{}, g + groups);
