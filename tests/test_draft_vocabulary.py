@@ -108,3 +108,41 @@ def test_sampled_output_keeps_the_targets_distribution_when_the_draft_sees_a_sub
     tv = 0.5 * (counts / samples - expected).abs().sum().item()
     noise = 0.5 * sum((2 * p * (1 - p) / (torch.pi * samples)) ** 0.5 for p in expected.tolist())
     assert tv < 2 * noise, f"TV {tv:.3f} vs noise {noise:.3f}"
+
+
+def test_an_answer_that_leaves_the_subset_often_is_drafted_over_the_whole_vocabulary(model):
+    decoder = LeanDecoder(model.model, VOCAB)
+    vocabulary = DraftVocabulary.for_draft(decoder, VOCAB, COMMON)
+    vocabulary.reset([5])
+    vocabulary.answered([1, 2, 70, 3, 110])  # 2 of 5 outside the subset: not yet
+    assert not vocabulary.whole and len(vocabulary.ids) == 4 * BLOCK
+    vocabulary.answered([150])  # 3 of 6
+    assert vocabulary.whole
+    assert vocabulary.ids[:VOCAB].tolist() == list(range(VOCAB))
+    hidden = decoder.hidden(torch.tensor([5, 150]), keep=1)
+    logits = vocabulary.logits(hidden)[0]
+    assert torch.equal(logits[:VOCAB], decoder.model.lm_head(hidden)[0, :VOCAB].float())
+    assert logits[VOCAB:].eq(float("-inf")).all()  # the last block's padding
+
+    vocabulary.reset([5])  # the next request starts where this one ended up
+    assert vocabulary.whole
+    vocabulary.answered([1, 2, 3] * 10 + [70, 110, 150])  # 3 outside, but 3 of 33
+    vocabulary.reset([5])
+    assert not vocabulary.whole and len(vocabulary.ids) == COMMON
+
+
+def test_greedy_output_is_the_targets_when_the_draft_widens_to_the_whole_vocabulary(model):
+    # The draft is the target, over one block at first: the answer soon leaves it, and from then
+    # on tokens outside the first subset are drafted and accepted.
+    engine = SpeculativeEngine(model, model, BLOCK)
+    prompt = [3, 1, 4]
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=60)
+    steps = all_steps(engine, prompt, k=4, adaptive=False, max_new_tokens=60)
+    assert [t.id for s in steps for t in s.tokens] == plain
+    assert engine.draft_vocabulary.whole
+    blocks = {0} | {t // BLOCK for t in prompt}
+    accepted_outside = 0
+    for token in (t for s in steps for t in s.tokens):
+        accepted_outside += token.source is Source.ACCEPTED and token.id // BLOCK not in blocks
+        blocks.add(token.id // BLOCK)
+    assert accepted_outside > 0

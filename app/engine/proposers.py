@@ -216,7 +216,7 @@ class DraftModelProposer(_Committed):
         super().commit(n_accepted, next_token)
         self.ngrams.extend(self.ids[len(self.ngrams.ids) :])
         if self.vocabulary is not None:
-            self.vocabulary.add([next_token])  # drafts are in it already
+            self.vocabulary.answered(self.ids[-(n_accepted + 1) :])
 
 
 class PromptLookupProposer(_Committed):
