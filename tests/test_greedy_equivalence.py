@@ -1,10 +1,12 @@
 """Layer 2: greedy speculative output equals target-only greedy, token for token."""
+import threading
+
 import pytest
 import torch
 
 from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from app.engine.policy import CostAwareK, CostModel
-from app.engine.steps import Source
+from app.engine.steps import FinishReason, Source
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model
 
@@ -213,12 +215,35 @@ def test_cost_aware_policy_weighs_the_drafts_catch_up_against_the_tokens_left():
 
 def test_a_long_catch_up_waits_for_the_answer_to_prove_long():
     """The catch-up is priced over the tokens still to come as far as the answer shows: its length
-    so far (at least expected_answer), within the budget left, not the whole budget."""
+    so far (at least the latest answers' length, 128 before any), within the budget left, not the
+    whole budget."""
     policy = CostAwareK(with_catch_up(2.0))
     assert policy.next_k(remaining=511, catch_up=2800, generated=1) == 0  # 5.6 s against about 128 tokens
     assert policy.next_k(remaining=1000, catch_up=2800, generated=600) == policy.k  # a long answer earns it
     assert policy.next_k(remaining=100, catch_up=2800, generated=600) == 0  # but not with 100 tokens left
     assert policy.next_k(remaining=511, catch_up=150, generated=1) == policy.k  # a chat prompt: 0.3 s
+
+
+def test_after_short_answers_a_catch_up_waits_for_the_answer_to_prove_long():
+    policy = CostAwareK(with_catch_up(2.0))
+    assert policy.next_k(remaining=511, catch_up=60, generated=1) == policy.k  # 0.12 s against about 128 tokens
+    for _ in range(3):
+        policy.costs.observe_answer(5)  # "Canberra."
+    assert policy.next_k(remaining=511, catch_up=60, generated=1) == 0  # against about 5 tokens
+    assert policy.next_k(remaining=511, catch_up=60, generated=40) == policy.k  # this one is longer
+    policy.costs.observe_answer(300)
+    assert policy.costs.typical_answer == pytest.approx(310 / 3)  # the latest three
+    assert policy.next_k(remaining=511, catch_up=60, generated=1) == policy.k
+
+
+def test_an_answer_stopped_by_the_user_says_nothing_of_the_next_ones_length(tiny_target, tiny_draft):
+    engine = SpeculativeEngine(tiny_target, tiny_draft)
+    cancel = threading.Event()
+    for step in engine.generate([1, 2, 3], GenerationOptions(max_new_tokens=40), cancel):
+        cancel.set()
+    assert step.finish is FinishReason.CANCELLED and not engine.costs.answers
+    steps = all_steps(engine, [1, 2, 3], max_new_tokens=12)
+    assert list(engine.costs.answers) == [len([t for s in steps for t in s.tokens])] == [12]
 
 
 def test_a_probe_is_not_worth_a_long_catch_up():
@@ -244,7 +269,9 @@ def test_a_long_prompt_with_a_short_answer_is_decoded_plainly(tiny_target, tiny_
     steps = all_steps(engine, prompt, adaptive=True, max_new_tokens=8)
     assert [t.id for s in steps for t in s.tokens] == plain
     assert steps[-1].stats.drafted == 0 and engine._draft.length == 0
-    # the same prompt with a long answer ahead is worth the catch-up
+    # the same prompt with a long answer ahead is worth the catch-up (with no short answers
+    # before it, which would make it wait for the answer to prove long)
+    engine.costs.answers.clear()
     assert all_steps(engine, prompt, adaptive=True, max_new_tokens=100)[-1].stats.drafted > 0
 
 

@@ -21,7 +21,9 @@ from .models import LoadedModel, check_compatible, shared_vocab_width
 from .policy import CostAwareK, CostModel, FixedK
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
 from .sampling import SamplingParams
-from .steps import Step
+from .steps import FinishReason, Step
+
+ANSWERED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT)
 
 
 class ProposerKind(str, Enum):
@@ -85,8 +87,11 @@ class SpeculativeEngine:
             generator = torch.Generator(device=self._target.device).manual_seed(options.seed)
             policy = CostAwareK(self.costs, k=options.k) if options.adaptive else FixedK(options.k)
             limits = Limits(options.max_new_tokens, self.target.context_length, self.target.stop_tokens)
-            yield from speculative_generate(self._target, self._proposer(options, generator), policy, prompt_ids,
-                                            options.sampling, limits, generator, cancel)
+            for step in speculative_generate(self._target, self._proposer(options, generator), policy, prompt_ids,
+                                             options.sampling, limits, generator, cancel):
+                if step.finish in ANSWERED:  # not a stopped one: its length says nothing of the next
+                    self.costs.observe_answer(step.stats.emitted)
+                yield step
         finally:
             self._busy.release()
 
