@@ -21,8 +21,9 @@ class FixedK:
 @dataclass
 class CostModel:
     """Measured seconds of one draft token, of the draft's catch-up per token (feeding it the
-    prompt or plain-step tokens in one pass) and of one target pass over n tokens. It belongs to
-    an engine (its hardware and models) and lives across requests."""
+    prompt or plain-step tokens in one pass) and of one target pass over n tokens, and the
+    lengths of the latest answers. It belongs to an engine (its hardware and models) and lives
+    across requests."""
 
     draft_token: float | None = None
     verify: dict[int, float] = field(default_factory=dict)  # tokens in the pass -> seconds
@@ -33,7 +34,7 @@ class CostModel:
     # pass counts in full. Without the cap a bench run here ended believing 3-token passes cost
     # 142 ms (about 45 in fact): slow passes had priced drafting out, so it was never measured again.
     max_rise: float = 1.25
-    # The lengths of the latest answers (tokens), what the next one is expected to be like.
+    # The latest answers' lengths in tokens: what the next one's is expected to be like.
     answers: deque = field(default_factory=lambda: deque(maxlen=3))
 
     def observe_answer(self, n_tokens: int) -> None:
