@@ -83,9 +83,10 @@ class DraftVocabulary:
     def answered(self, token_ids: list[int]) -> None:
         """Tokens that joined the answer (drafted, looked up, the target's own)."""
         self._answered += len(token_ids)
-        for token in token_ids:
-            self._outside += 0 <= token < self.width and token // BLOCK not in self._known
-            self.add([token])
+        for token in token_ids:  # one at a time: a second token of a new block is inside
+            if 0 <= token < self.width and token // BLOCK not in self._known:
+                self._outside += 1
+                self.add([token])
         if not self.whole and self._left_subset():
             self.whole, self._stale = True, True
 
