@@ -66,17 +66,42 @@ def costs(verify_ms: dict[int, float], draft_ms: float) -> CostModel:
 CHEAP_VERIFY = {1: 50, 9: 60, 17: 80}  # a memory-bound target: 9 tokens cost 1.2x one
 
 
-def test_cost_aware_policy_drafts_long_when_the_draft_agrees_and_verification_is_cheap():
+def drafted(policy, confidences) -> int:
+    """How many tokens the policy lets a draft of these confidences run to (as the proposer asks it)."""
+    seen = []
+    for confidence in confidences[: policy.k]:
+        seen.append(confidence)
+        if not policy.keep_drafting(seen):
+            break
+    return len(seen)
+
+
+def test_cost_aware_policy_drafts_long_when_the_draft_is_sure_and_verification_is_cheap():
     policy = CostAwareK(costs(CHEAP_VERIFY, draft_ms=5))
     for _ in range(10):
-        policy.update(n_drafted=policy.k, n_accepted=policy.k, draft_seconds=0.005 * policy.k, target_seconds=0.06)
-    assert policy.k >= 8
+        policy.update(n_drafted=8, n_accepted=8, draft_seconds=0.04, target_seconds=0.06)
+    assert policy.k >= 8 and drafted(policy, [0.99] * 16) >= 8
+
+
+def test_cost_aware_policy_stops_at_the_drafts_first_doubtful_token():
+    policy = CostAwareK(costs(CHEAP_VERIFY, draft_ms=5))
+    assert drafted(policy, [0.99, 0.98, 0.3, 0.99, 0.99]) == 3  # the 0.3 is offered, nothing after it
+    assert drafted(policy, [0.99, 0.98, 0.97, 0.99, 0.99]) == 5
+
+
+def test_cost_aware_policy_drafts_less_where_verifying_a_token_more_costs_more():
+    sure = [0.95] * 16
+    cheap = CostAwareK(costs(CHEAP_VERIFY, draft_ms=5))
+    dear = CostAwareK(costs({1: 50, 17: 290}, draft_ms=5))  # 15 ms a verified token more
+    assert drafted(dear, sure) < drafted(cheap, sure)
+    slow_draft = CostAwareK(costs(CHEAP_VERIFY, draft_ms=20))
+    assert drafted(slow_draft, sure) < drafted(cheap, sure)
 
 
 def test_cost_aware_policy_falls_back_to_plain_steps_and_probes():
     policy = CostAwareK(costs({1: 50, 9: 110, 17: 180}, draft_ms=15))
     for _ in range(5):  # the draft keeps missing its first token
-        policy.update(n_drafted=max(policy.k, 1), n_accepted=0, draft_seconds=0.015, target_seconds=0.06)
+        policy.update(n_drafted=2, n_accepted=0, draft_seconds=0.03, target_seconds=0.06)
     assert policy.k == 0
     for _ in range(policy.probe_every):
         policy.update(n_drafted=0, n_accepted=0, target_seconds=0.05)
@@ -250,7 +275,7 @@ def test_a_probe_is_not_worth_a_long_catch_up():
     policy = CostAwareK(costs({1: 50, 9: 110, 17: 180}, draft_ms=15))
     policy.costs.catch_up_token = 0.002
     for _ in range(5):
-        policy.update(n_drafted=max(policy.k, 1), n_accepted=0, draft_seconds=0.015, target_seconds=0.06)
+        policy.update(n_drafted=2, n_accepted=0, draft_seconds=0.03, target_seconds=0.06)
     for _ in range(policy.probe_every):
         policy.update(n_drafted=0, n_accepted=0, target_seconds=0.05)
     assert policy.k > 0  # it wants to probe
@@ -275,16 +300,16 @@ def test_a_long_prompt_with_a_short_answer_is_decoded_plainly(tiny_target, tiny_
     assert all_steps(engine, prompt, adaptive=True, max_new_tokens=100)[-1].stats.drafted > 0
 
 
-def test_cost_aware_policy_now_and_then_drafts_one_more_than_the_best():
+def test_cost_aware_policy_now_and_then_drafts_one_more_than_the_rule_says():
     # Verification looks expensive beyond 2 tokens (an estimate that is never measured again
-    # while the policy keeps to k = 1); exploring measures it again.
+    # while drafts stop at one token); exploring measures it again.
     policy = CostAwareK(costs({1: 50, 2: 52, 3: 100, 17: 300}, draft_ms=10), explore_every=4)
-    chosen = []
+    lengths = []
     for _ in range(12):
-        chosen.append(policy.k)
-        policy.update(n_drafted=policy.k, n_accepted=policy.k, draft_seconds=0.01 * policy.k,
-                      target_seconds=policy.costs.verify_seconds(policy.k + 1))
-    assert chosen.count(1) == 9 and chosen.count(2) == 3
+        lengths.append(drafted(policy, [0.99] * 16))
+        policy.update(n_drafted=lengths[-1], n_accepted=lengths[-1], draft_seconds=0.01 * lengths[-1],
+                      target_seconds=policy.costs.verify_seconds(lengths[-1] + 1))
+    assert lengths.count(1) == 9 and all(n > 1 for n in lengths[3::4])  # steps 4, 8 and 12 go on
 
 
 def test_one_slow_pass_barely_moves_the_cost_model_but_a_lasting_slowdown_does():

@@ -86,7 +86,7 @@ def speculative_generate(
         behind = proposer.behind()
         k = 0 if n_new == 0 and behind else min(policy.next_k(budget - n_new, behind, n_new), room)
         draft_start = clock.now()
-        draft = proposer.propose(k, policy.min_confidence, limit=room)
+        draft = proposer.propose(k, policy.keep_drafting, limit=room)
         draft_tokens = draft.tokens.to(target.device)
         target_start = clock.now()
         step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,11 +34,16 @@ class Draft:
         return len(self) - self.looked_up
 
 
+# Called after each drafted token with the draft's probability of each token drafted so far in
+# this step: whether to draft one more (see the policies' keep_drafting).
+KeepDrafting = Callable[[list[float]], bool]
+
+
 class Proposer(Protocol):
     # -> prompt tokens its model's cache still held from an earlier request (0 without a model)
     def begin(self, prompt_ids: list[int]) -> int: ...
     def behind(self) -> int: ...  # committed tokens it must first be fed before it can draft
-    def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft: ...
+    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None) -> Draft: ...
     def commit(self, n_accepted: int, next_token: int) -> None: ...
 
 
@@ -135,8 +141,9 @@ class DraftModelProposer(_Committed):
         # Keep what the cache holds of the prompt but its last token, which the first draft step feeds.
         return keep_prefix(self.model, prompt_ids[:-1])
 
-    def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft:
-        """k: tokens the draft model may draft (0: none); limit: tokens in all (default k)."""
+    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None) -> Draft:
+        """k: tokens the draft model may draft at most (0: none); keep_drafting: after each drafted
+        token, whether to go on (None: always); limit: tokens in all (default k)."""
         limit = k if limit is None else limit
         looked_up = self._looked_up([], limit)
         if looked_up:  # the model need not run, nor first be fed what it has not seen
@@ -157,15 +164,17 @@ class DraftModelProposer(_Committed):
             catch_up_seconds = time.perf_counter() - start
             pending = pending[-1:]
         logits = self._logits(pending)
-        drafted, probs, looked_up = [], [], []  # drafted: token ids [1] each
+        drafted, probs, looked_up, confidences = [], [], [], []  # drafted: token ids [1] each
         for i in range(k):
             step_probs = logits_to_probs(logits, self.params)
             choice = sample(step_probs, self.params, self.generator)  # a column of the logits
             drafted.append(self._token_ids(choice.view(1)))
             probs.append(step_probs)
-            # The confidence check is the only host sync inside the draft loop.
-            if min_confidence > 0 and float(step_probs[choice]) < min_confidence:
-                break  # unsure here, so the rest would be guesses
+            if keep_drafting is not None:
+                # The only host sync inside the draft loop.
+                confidences.append(float(step_probs[choice]))
+                if not keep_drafting(confidences):
+                    break
             if self.lookup_tokens:
                 looked_up = self._looked_up(torch.cat(drafted).tolist(), limit - len(drafted))
             if looked_up or i == k - 1:
@@ -227,7 +236,7 @@ class PromptLookupProposer(_Committed):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft:
+    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None) -> Draft:
         self.last_draft = continuation(self.ids, k, self.max_ngram, self.min_ngram) if k else []
         return Draft(torch.tensor(self.last_draft, dtype=torch.long), None)
 
@@ -235,5 +244,5 @@ class PromptLookupProposer(_Committed):
 class NoProposer(_Committed):
     """Speculation off: nothing is drafted and every token is the target's own."""
 
-    def propose(self, k: int, min_confidence: float = 0.0, limit: int | None = None) -> Draft:
+    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None) -> Draft:
         return Draft(torch.empty(0, dtype=torch.long), None)
