@@ -9,14 +9,12 @@ from dataclasses import dataclass, field
 @dataclass
 class FixedK:
     k: int
+    # The draft drafts exactly k, the user's choice: no check after each token (nor the host sync
+    # that reading its probability costs on CUDA).
+    keep_drafting = None
 
     def next_k(self, remaining: int, catch_up: int, generated: int = 0) -> int:
         return self.k
-
-    def keep_drafting(self, confidences: list[float]) -> bool:
-        """confidences: the draft's probability of each token it drafted so far this step;
-        whether it drafts one more (up to k): always, k is the user's choice."""
-        return True
 
     def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0,
                catch_up_tokens: int = 0, catch_up_seconds: float = 0.0, n_verified: int | None = None) -> None:

@@ -74,9 +74,9 @@ class ControlsPanel(QTabWidget):
         self.k.setValue(DEFAULTS.k)
         self.adaptive = QCheckBox("Adaptive k")
         self.adaptive.setChecked(DEFAULTS.adaptive)
-        self.adaptive.setToolTip("Cost-aware: each step drafts the length (up to 16, or none) that maximises the\n"
-                                 "expected tokens per second from the measured draft and target costs and the\n"
-                                 "acceptance so far; the draft also stops when its confidence falls below 0.5")
+        self.adaptive.setToolTip("Cost-aware: the draft goes on (up to 16 tokens) while the chance that the target\n"
+                                 "accepts one more token pays for its measured cost, so it drafts long where it is\n"
+                                 "sure and stops at its first doubtful token; none while drafting does not pay")
         self.proposer = QComboBox()
         self.proposer.addItem("Draft model", ProposerKind.DRAFT_MODEL)
         self.proposer.addItem("Prompt lookup (n-gram)", ProposerKind.PROMPT_LOOKUP)
