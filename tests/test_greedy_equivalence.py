@@ -201,6 +201,22 @@ def test_the_drafts_catch_up_on_the_prompt_is_not_a_cost_per_drafted_token(tiny_
     assert proposer.propose(3).catch_up_seconds == 0.0  # only the target's token was new
 
 
+def test_a_draft_ends_with_the_first_stop_token_it_drafts(tiny_target):
+    """Nothing after the answer's end is ever emitted, so drafting on past it is wasted work."""
+    from app.engine.cached_model import cached
+    from app.engine.proposers import DraftModelProposer
+    from app.engine.sampling import SamplingParams
+
+    prompt = list(range(1, 30))
+    unstopped = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None)
+    unstopped.begin(prompt)
+    drafted = unstopped.propose(6).tokens.tolist()
+    stop = drafted[2]
+    stopping = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, stop_tokens=frozenset({stop}))
+    stopping.begin(prompt)
+    assert stopping.propose(6).tokens.tolist() == drafted[: drafted.index(stop) + 1]
+
+
 def test_after_a_fully_accepted_draft_the_draft_model_makes_one_pass_per_drafted_token(tiny_target):
     """The last draft token and the target's bonus token go into the draft model in one pass with
     the next draft step (a pass of its own for the last draft token cost as much as a drafted

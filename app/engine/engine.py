@@ -138,5 +138,6 @@ class SpeculativeEngine:
             return PromptLookupProposer()
         if self._draft is None:
             raise ValueError("speculation with a draft model needs a draft model; load one or use prompt lookup")
-        return DraftModelProposer(self._draft, options.sampling, generator, self.draft_vocabulary, options.lookup)
+        return DraftModelProposer(self._draft, options.sampling, generator, self.draft_vocabulary, options.lookup,
+                                  self.target.stop_tokens)
 

@@ -121,12 +121,15 @@ class DraftModelProposer(_Committed):
     """A small model drafts autoregressively with its own KV cache."""
 
     def __init__(self, model: CachedModel, params: SamplingParams, generator: torch.Generator | None,
-                 vocabulary: DraftVocabulary | None = None, lookup_tokens: int = 0) -> None:
+                 vocabulary: DraftVocabulary | None = None, lookup_tokens: int = 0,
+                 stop_tokens: frozenset[int] = frozenset()) -> None:
         """vocabulary: the tokens it may draft (None: all); see draft_vocabulary.py.
         lookup_tokens: where the text's last LOOKUP_NGRAM tokens (committed or drafted) occurred
         before, up to this many tokens that followed them are proposed instead of drafted: free,
-        with no model pass (summaries and answers quote their sources). 0: never."""
+        with no model pass (summaries and answers quote their sources). 0: never.
+        stop_tokens: the tokens that end an answer: a draft ends with the first it drafts."""
         self.model = model
+        self.stop_tokens = stop_tokens
         self.params = params
         self.generator = generator
         self.vocabulary = vocabulary
@@ -175,6 +178,8 @@ class DraftModelProposer(_Committed):
                 confidences.append(float(step_probs[choice]))
                 if not keep_drafting(confidences):
                     break
+            if self.stop_tokens and int(drafted[-1]) in self.stop_tokens:
+                break  # nothing after the answer's end is ever emitted
             if self.lookup_tokens:
                 looked_up = self._looked_up(torch.cat(drafted).tolist(), limit - len(drafted))
             if looked_up or i == k - 1:
