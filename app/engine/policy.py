@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 @dataclass
 class FixedK:
     k: int
-    # The draft drafts exactly k, the user's choice: no check after each token (nor the host sync
-    # that reading its probability costs on CUDA).
-    keep_drafting = None
+    keep_drafting = None  # the draft drafts exactly k, the user's choice
 
     def next_k(self, remaining: int, catch_up: int, generated: int = 0) -> int:
         return self.k
@@ -88,9 +86,9 @@ class CostAwareK:
     39% of the time, at 0.5-0.7 59%, at 0.7-0.9 82%, above 0.9 98%). One more token adds that
     chance times the running acceptance a of a drafted token, and costs a draft token plus one
     more row of the target's pass; the draft goes on while the one pays for the other at the rate
-    drafting achieves (drafting_rate, kept as `rate`): a step that repeats is best cut where the gain of the next
-    piece of work falls below the average rate. So it drafts long where the draft is sure and
-    verifying more is cheap, and stops at its first doubtful token.
+    drafting achieves (drafting_rate, kept as `rate`): a step that repeats is best cut where the
+    gain of the next piece of work falls below the average rate. So it drafts long where the
+    draft is sure and verifying more is cheap, and stops at its first doubtful token.
     Drafting is worth its while when that rate, estimated as (1 - a^(k+1)) / (1 - a) tokens per
     step of k tokens at the best k, beats a plain step; else it decodes plainly, drafting a short
     probe after `probe_every` plain steps to look again. Every `explore_every`-th drafting step

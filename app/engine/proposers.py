@@ -174,7 +174,7 @@ class DraftModelProposer(_Committed):
             drafted.append(self._token_ids(choice.view(1)))
             probs.append(step_probs)
             if keep_drafting is not None:
-                # The only host sync inside the draft loop.
+                # Reading the probability (and the token, below) are the draft loop's host syncs.
                 confidences.append(float(step_probs[choice]))
                 if not keep_drafting(confidences):
                     break
