@@ -316,7 +316,7 @@ def test_a_long_prompt_with_a_short_answer_is_decoded_plainly(tiny_target, tiny_
     assert all_steps(engine, prompt, adaptive=True, max_new_tokens=100)[-1].stats.drafted > 0
 
 
-def test_cost_aware_policy_now_and_then_drafts_one_more_than_the_rule_says():
+def test_cost_aware_policy_now_and_then_drafts_on_past_where_the_rule_stops():
     # Verification looks expensive beyond 2 tokens (an estimate that is never measured again
     # while drafts stop at one token); exploring measures it again.
     policy = CostAwareK(costs({1: 50, 2: 52, 3: 100, 17: 300}, draft_ms=10), explore_every=4)
