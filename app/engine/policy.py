@@ -86,7 +86,7 @@ class CostAwareK:
     39% of the time, at 0.5-0.7 59%, at 0.7-0.9 82%, above 0.9 98%). One more token adds that
     chance times the running acceptance a of a drafted token, and costs a draft token plus one
     more row of the target's pass; the draft goes on while the one pays for the other at the rate
-    drafting achieves (drafting_rate, kept as `rate`): a step that repeats is best cut where the
+    drafting achieves (`rate`, set with each update): a step that repeats is best cut where the
     gain of the next piece of work falls below the average rate. So it drafts long where the
     draft is sure and verifying more is cheap, and stops at its first doubtful token.
     Drafting is worth its while when that rate, estimated as (1 - a^(k+1)) / (1 - a) tokens per
@@ -125,7 +125,7 @@ class CostAwareK:
 
     def __post_init__(self) -> None:
         self.exploring = False  # this step drafts on past where the rule stops, once
-        self.rate = 0.0  # drafting_rate as of the last update
+        self.rate = 0.0  # expected tokens per second of drafting, at the best k for the running acceptance
         if self.costs.ready:
             self._choose()
 
@@ -134,11 +134,6 @@ class CostAwareK:
         """The running chance that the target accepts a drafted token, learnt from what was offered
         (a draft that stopped itself and was wholly accepted counts no rejection)."""
         return self.accepted_weight / (self.accepted_weight + self.rejected_weight)
-
-    @property
-    def drafting_rate(self) -> float:
-        """Expected tokens per second of drafting, at the best length for the running acceptance."""
-        return max(map(self.expected_rate, range(1, self.k_max + 1)))
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """confidences: the draft's probability of each token it drafted so far this step;
@@ -194,7 +189,7 @@ class CostAwareK:
 
     def _choose(self) -> None:
         """The drafting rate and the longest draft for the steps to come."""
-        self.rate = self.drafting_rate
+        self.rate = max(map(self.expected_rate, range(1, self.k_max + 1)))
         if self.rate * self.costs.verify_seconds(1) > 1:
             self.k = self.k_max
         else:

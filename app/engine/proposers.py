@@ -168,20 +168,22 @@ class DraftModelProposer(_Committed):
             pending = pending[-1:]
         logits = self._logits(pending)
         drafted, probs, looked_up, confidences = [], [], [], []  # drafted: token ids [1] each
+        drafted_ids: list[int] = []  # the same on the host, for the stop and lookup checks
         for i in range(k):
             step_probs = logits_to_probs(logits, self.params)
             choice = sample(step_probs, self.params, self.generator)  # a column of the logits
             drafted.append(self._token_ids(choice.view(1)))
+            drafted_ids.append(int(drafted[-1]))
             probs.append(step_probs)
             if keep_drafting is not None:
-                # Reading the probability (and the token, below) are the draft loop's host syncs.
+                # Reading the probability (and the token, above) are the draft loop's host syncs.
                 confidences.append(float(step_probs[choice]))
                 if not keep_drafting(confidences):
                     break
-            if self.stop_tokens and int(drafted[-1]) in self.stop_tokens:
+            if drafted_ids[-1] in self.stop_tokens:
                 break  # nothing after the answer's end is ever emitted
             if self.lookup_tokens:
-                looked_up = self._looked_up(torch.cat(drafted).tolist(), limit - len(drafted))
+                looked_up = self._looked_up(drafted_ids, limit - len(drafted))
             if looked_up or i == k - 1:
                 break  # earlier text continues from here: the rest is looked up, not drafted
             logits = self._logits(drafted[-1])
