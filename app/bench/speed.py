@@ -206,7 +206,7 @@ def long_prompt_runs(runs: dict[str, Run], prompt: list[int], max_new_tokens: in
     return record
 
 
-def verify_cost_curve(model: LoadedModel, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3,
+def verify_cost_curve(model: LoadedModel, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 5,
                       vocabulary=None) -> dict:
     """Milliseconds of one pass over n new tokens after `context` cached ones (best of `repeats`):
     speculation pays while verifying k+1 tokens costs about as much as one. vocabulary: the

@@ -109,14 +109,16 @@ def pass_seconds(model, sizes: Iterable[int], vocabulary=None, context: int = 32
     """Seconds of one cached forward over n new tokens after `context` cached ones (best of
     `repeats`), for each n in `sizes`; with a draft's vocabulary, as the draft runs. The context
     is fed once and each pass rolled back, so the timing costs little more than the passes
-    themselves; the cache is left empty."""
+    themselves; the cache is left empty. Each round times every size once: a slow moment of
+    the machine (its memory bandwidth moves by a third here from minute to minute) then slows
+    one round of all sizes, not all repeats of one size, and the sizes' ratios stay fair."""
     over = {} if vocabulary is None else {"vocabulary": vocabulary}
     vocab = model.model.config.vocab_size
     model.reset()
     model.feed(torch.arange(context) % vocab)
     seconds = {}
-    for n in sizes:
-        for _ in range(repeats):
+    for _ in range(repeats):
+        for n in sizes:
             model.rollback(context)
             start = time.perf_counter()
             model.forward(torch.arange(n) % vocab, keep=n, **over)
