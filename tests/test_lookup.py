@@ -49,6 +49,19 @@ def test_a_repeated_ngram_is_proposed_without_running_the_model(tiny_target):
     assert proposer.propose(0, limit=2).tokens.tolist() == [23, 24]  # even when the policy drafts nothing
 
 
+def test_a_looked_up_draft_ends_with_the_first_stop_token(tiny_target):
+    """Earlier text that went on past an answer's end (a conversation's earlier turn) is copied
+    up to that end only: nothing after a stop token is ever emitted."""
+    prompt = [20, 21, 22, 23, 7, 25, 20, 21, 22]
+    copying = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3)
+    copying.begin(prompt)
+    assert copying.propose(4).tokens.tolist() == [23, 7, 25]
+    stopping = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3,
+                                  stop_tokens=frozenset({7}))
+    stopping.begin(prompt)
+    assert stopping.propose(4).tokens.tolist() == [23, 7]
+
+
 def test_drafted_tokens_that_repeat_earlier_text_are_continued_from_it(tiny_target):
     """The draft model's token completes an n-gram seen before: what followed it there is
     appended, each with a distribution certain of it (so rejection sampling stays exact)."""

@@ -204,7 +204,10 @@ class DraftModelProposer(_Committed):
         in the text (see __init__)."""
         if not self.lookup_tokens or limit <= 0:
             return []
-        return self.ngrams.continuation(drafted, min(self.lookup_tokens, limit))
+        looked_up = self.ngrams.continuation(drafted, min(self.lookup_tokens, limit))
+        # Like a drafted one, a looked-up stop token ends the draft: nothing after it is emitted.
+        ends = next((i + 1 for i, token in enumerate(looked_up) if token in self.stop_tokens), len(looked_up))
+        return looked_up[:ends]
 
     def _draft(self, tokens: torch.Tensor, probs: torch.Tensor | None, looked_up: int = 0,
                catch_up_seconds: float = 0.0, catch_up_tokens: int = 0) -> Draft:
