@@ -350,15 +350,15 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
 // broadcasts double). The blocks of a larger batch (3 to 5 rows each: near-equal blocks of at
 // most 5) take the pair at once, so that each broadcast activation feeds two tiles.
 template <int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
-void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
-                 const TileParams& p1, int64_t groups, int64_t per_step, int pass, int passes, const Activations& act, float* out,
+void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
+                 int64_t groups, int64_t per_step, int pass, int passes, const Activations& act, float* out,
                  int64_t out_stride) {
-#define SPECCHAT_TILES(R)                                                                                            \
-  case R:                                                                                                            \
-    tile_pair_kernel<1, R, Chunks, Bits, Coded, Symmetric, Mapped>(q, tile_bytes, p0, p0, groups, per_step, pass, passes, act, \
-                                                                   out, out_stride);                                \
-    tile_pair_kernel<1, R, Chunks, Bits, Coded, Symmetric, Mapped>(q + tile_bytes, tile_bytes, p1, p1, groups,        \
-                                                                   per_step, pass, passes, act, out + kTile, out_stride);    \
+#define SPECCHAT_TILES(R)                                                                                             \
+  case R:                                                                                                             \
+    tile_pair_kernel<1, R, Chunks, Bits, Coded, Symmetric, Mapped>(q, tile_bytes, p0, p0, groups, per_step, pass,      \
+                                                                   passes, act, out, out_stride);                     \
+    tile_pair_kernel<1, R, Chunks, Bits, Coded, Symmetric, Mapped>(q + tile_bytes, tile_bytes, p1, p1, groups,         \
+                                                                   per_step, pass, passes, act, out + kTile, out_stride); \
     return;
 #define SPECCHAT_PAIR(R)                                                                                           \
   case R:                                                                                                          \
@@ -390,8 +390,8 @@ void pair_products(int64_t t, int rows, const uint8_t* q, int64_t tile_bytes, co
     float* to = out + r0 * n + t * kTile;
     with_shape(bits, format, group, [&](auto shape) {
       using S = decltype(shape);
-      rows_kernel<S::kChunks, S::kBits, S::kCoded, S::kSymmetric, S::kMapped>(block, tq, tile_bytes, p0, p1,
-                                                                             groups, params.per_step, pass, blocks, block_act, to, n);
+      rows_kernel<S::kChunks, S::kBits, S::kCoded, S::kSymmetric, S::kMapped>(block, tq, tile_bytes, p0, p1, groups,
+                                                                             params.per_step, pass, blocks, block_act, to, n);
     });
     r0 += block;
   }
