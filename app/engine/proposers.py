@@ -167,36 +167,35 @@ class DraftModelProposer(_Committed):
             catch_up_seconds = time.perf_counter() - start
             pending = pending[-1:]
         logits = self._logits(pending)
-        drafted, probs, looked_up, confidences = [], [], [], []  # drafted: token ids [1] each
-        drafted_ids: list[int] = []  # the same on the host, for the stop and lookup checks
+        drafted: list[int] = []  # token ids, on the host for the stop and lookup checks
+        probs, looked_up, confidences = [], [], []
         for i in range(k):
             step_probs = logits_to_probs(logits, self.params)
             choice = sample(step_probs, self.params, self.generator)  # a column of the logits
-            drafted.append(self._token_ids(choice.view(1)))
-            drafted_ids.append(int(drafted[-1]))
+            drafted.append(int(self._token_ids(choice.view(1))))
             probs.append(step_probs)
             if keep_drafting is not None:
                 # Reading the probability (and the token, above) are the draft loop's host syncs.
                 confidences.append(float(step_probs[choice]))
                 if not keep_drafting(confidences):
                     break
-            if drafted_ids[-1] in self.stop_tokens:
+            if drafted[-1] in self.stop_tokens:
                 break  # nothing after the answer's end is ever emitted
             if self.lookup_tokens:
-                looked_up = self._looked_up(drafted_ids, limit - len(drafted))
+                looked_up = self._looked_up(drafted, limit - len(drafted))
             if looked_up or i == k - 1:
                 break  # earlier text continues from here: the rest is looked up, not drafted
-            logits = self._logits(drafted[-1])
-        tokens, probs = torch.cat(drafted), torch.stack(probs)
+            logits = self._logits([drafted[-1]])
+        probs = torch.stack(probs)
         if self.vocabulary is not None:
             probs = self.vocabulary.spread(probs)
         if looked_up:
             # A looked-up token is drawn from a distribution certain of it: rejection sampling then
             # accepts it with the target's own probability, so the output stays exact.
-            looked_up_ids = torch.tensor(looked_up)
             certain = torch.zeros(len(looked_up), probs.shape[-1], dtype=probs.dtype)
-            tokens = torch.cat([tokens, looked_up_ids])
-            probs = torch.cat([probs, certain.scatter_(1, looked_up_ids.view(-1, 1), 1.0).to(probs.device)])
+            certain.scatter_(1, torch.tensor(looked_up).view(-1, 1), 1.0)
+            probs = torch.cat([probs, certain.to(probs.device)])
+        tokens = torch.tensor(drafted + looked_up)
         return self._draft(tokens, probs, len(looked_up), catch_up_seconds, catch_up_tokens)
 
     def _looked_up(self, drafted: list[int], limit: int) -> list[int]:
