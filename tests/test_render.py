@@ -67,3 +67,31 @@ def test_a_part_of_an_answer_renders_with_global_token_indices():
 def test_a_corrected_token_underlines_its_words_not_its_indentation():
     html = answer_html(0, [tok("```\nx = 1\n"), tok("    return", "corrected"), tok("\n```")], RenderOptions(LIGHT))
     assert 'text-decoration:none;">    </a>' in html and 'text-decoration:underline;">return</a>' in html
+
+
+def test_math_is_written_as_text_and_each_character_keeps_the_token_of_its_tex():
+    tokens = [tok("So \\( 9 "), tok("\\times", "corrected"), tok(" 2 = "), tok("18", "bonus"), tok(" \\) per day.")]
+    html = answer_html(0, tokens, RenderOptions(LIGHT))
+    assert "\\times" not in html and "\\(" not in html and "\\)" not in html
+    assert linked_text(html) == {0: "So 9 ", 1: "×", 2: " 2 = ", 3: "18", 4: " per day."}
+    assert 'href="tok:0:1" style="color:#D55E00;text-decoration:underline' in html
+
+
+def test_display_math_mid_paragraph_gets_its_own_lines_and_a_line_per_row():
+    text = "Eggs left:\n\\[\n\\text{Eggs} = 16 - 3 = 13 \\\\ 13 \\times 2 = 26\n\\]\nSo $26."
+    html = answer_html(0, [tok(text[i:i + 4]) for i in range(0, len(text), 4)], RenderOptions(LIGHT))
+    shown = re.sub(r"<[^>]+>", "|", html).replace("|", "")
+    assert shown.strip() == "Eggs left:\nEggs = 16 - 3 = 1313 × 2 = 26\nSo $26."
+    assert re.search(r"13</a><br />", html)  # the TeX row break
+
+
+def test_math_inside_code_and_unclosed_math_stay_tex():
+    html = answer_html(0, [tok("`\\(x^2\\)` and\n```\nprint(\\[a\\])\n```\nthen \\( 9 \\times")], RenderOptions(LIGHT))
+    text = "".join(linked_text(html).values())
+    assert "\\(x^2\\)" in text and "print(\\[a\\])" in text and "\\times" in text and "×" not in text
+
+
+def test_math_in_a_list_item_aligns_with_its_indented_source():
+    tokens = [tok("1. Then\n   \\[\n   48"), tok(" + "), tok("24"), tok("\n   \\]\n2. Done")]
+    html = answer_html(0, tokens, RenderOptions(LIGHT))
+    assert linked_text(html) == {0: "Then48", 1: " + ", 2: "24", 3: "Done"}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import (QApplication, QCheckBox, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
-                               QListWidget, QListWidgetItem, QMainWindow, QMessageBox, QProgressDialog, QPushButton,
-                               QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QCheckBox, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel,
+                               QLineEdit, QListWidget, QListWidgetItem, QMainWindow, QMessageBox, QProgressDialog,
+                               QPushButton, QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
 from ..chat.attachments import AttachmentError, file_block
 from ..chat.export import to_markdown
@@ -126,8 +126,11 @@ class MainWindow(QMainWindow):
 
         # The acceptance view stays in sight while an answer streams; the controls sit below it
         # as tabs of fixed height (each tab scrolls on its own when the window is very short).
+        # It scrolls when the window is too short for it, so its charts never overlap their titles.
         right = QSplitter(Qt.Vertical)
-        right.addWidget(self.acceptance)
+        acceptance = QScrollArea(widgetResizable=True, frameShape=QFrame.NoFrame)
+        acceptance.setWidget(self.acceptance)
+        right.addWidget(acceptance)
         right.addWidget(self.controls)
         right.setStretchFactor(0, 1)
         right.setChildrenCollapsible(False)

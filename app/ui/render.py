@@ -1,24 +1,54 @@
 """Messages -> HTML for the chat view.
 
-Markdown (CommonMark with tables and strikethrough) is rendered by markdown-it-py. Every
-character of the rendered text is then traced back to the answer token it came from (the
-rendered text is the source minus Markdown's markers), so each token stays a link coloured by
-its provenance, with its tooltip, inside lists, tables, headings and code blocks alike.
+Markdown (CommonMark with tables and strikethrough) is rendered by markdown-it-py, with TeX
+math (\\( \\), \\[ \\], $$ $$) written as Unicode text (math_text.py). Every character of the
+rendered text is then traced back to the answer token it came from (the rendered text is the
+source minus Markdown's markers; math is aligned with its TeX), so each token stays a link
+coloured by its provenance, with its tooltip, inside lists, tables, headings, math and code
+blocks alike.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from html import escape
 from html.parser import HTMLParser
+from itertools import groupby
 
 from markdown_it import MarkdownIt
+from markdown_it.rules_inline import StateInline
 
 from ..chat.conversation import AnswerStats, Comparison, Message, TokenRecord
 from ..engine.steps import FinishReason, Source
+from .math_text import math_text
 from .theme import Theme
 
-MARKDOWN = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
 LOOKAHEAD = 240  # how far a rendered character is looked for in the source (past markers and fences)
+MATH = re.compile(r"\\\((.+?)\\\)|\\\[(.+?)\\\]|\$\$(.+?)\$\$", re.DOTALL)
+MATH_CLOSE = {"\\(": "\\)", "\\[": "\\]", "$$": "$$"}
+
+
+def _math_rule(state: StateInline, silent: bool) -> bool:
+    """A math span anywhere in a paragraph: models open display math mid-paragraph, where a
+    block rule cannot see it. Runs before the escape rule, which would make \\[ a plain [."""
+    match = MATH.match(state.src, state.pos) if state.src[state.pos] in "\\$" else None
+    if match is None or not match.group(match.lastindex).strip():
+        return False
+    if not silent:
+        token = state.push("math", "", 0)
+        token.content, token.markup = match.group(match.lastindex), match.group(0)[:2]
+    state.pos = match.end()
+    return True
+
+
+def _render_math(self, tokens, index: int, options, env) -> str:
+    return f'<tex-math open="{escape(tokens[index].markup)}">{escape(tokens[index].content)}</tex-math>'
+
+
+MARKDOWN = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
+MARKDOWN.inline.ruler.before("escape", "math", _math_rule)
+MARKDOWN.add_render_rule("math", _render_math)
 
 
 @dataclass(frozen=True)
@@ -68,9 +98,13 @@ class _Colourer(HTMLParser):
         self.in_link = self.in_pre = 0
         self.code_blocks = first_code_block
         self.ghosted: set[int] = set()
+        self.math_open: str | None = None  # the opening delimiter of the math span being read
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         theme = self.theme
+        if tag == "tex-math":
+            self.math_open = dict(attrs)["open"]
+            return
         if tag == "code" and self.in_pre:  # a fenced block: language and copy link above a shaded box
             language = next((v[len("language-"):] for k, v in attrs if k == "class" and v and v.startswith("language-")), "")
             link = f'<a href="{action_href("copycode", self.message_index, self.code_blocks)}" style="color:{theme.link}">copy</a>'
@@ -95,6 +129,9 @@ class _Colourer(HTMLParser):
         self.out.append(f"<{tag}>")
 
     def handle_endtag(self, tag: str) -> None:
+        if tag == "tex-math":
+            self.math_open = None
+            return
         if tag == "code" and self.in_pre:
             self.out.append("</pre></td></tr></table>")
             return
@@ -106,21 +143,39 @@ class _Colourer(HTMLParser):
         self.out.append(f"</{tag}>")
 
     def handle_data(self, text: str) -> None:
+        if self.math_open:
+            self._math(text)
+            return
         if not text.strip("\n"):  # the newlines markdown-it puts between block tags
             self.out.append(text)
             return
         if self.in_pre and text.endswith("\n"):
             text = text[:-1]  # the fence's last newline: <pre> would show it as an empty line
-        runs: list[tuple[int | None, list[str]]] = []
-        for char in text:
-            owner = self._owner_of(char)
-            if runs and runs[-1][0] == owner:
-                runs[-1][1].append(char)
-            else:
-                runs.append((owner, [char]))
-        for owner, chars in runs:
-            piece = "".join(chars)
+        self._emit(text, [self._owner_of(char) for char in text])
+
+    def _emit(self, text: str, owners: list[int | None]) -> None:
+        """`text` as runs of links, one per token (owners[i]: the token of text[i])."""
+        for owner, run in groupby(zip(owners, text), key=lambda pair: pair[0]):
+            piece = "".join(char for _, char in run)
             self.out.append(escape(piece) if owner is None or self.in_link else self._token_html(owner, piece))
+
+    def _math(self, tex: str) -> None:
+        """A math span as text, each character owned by the token of the TeX it came from; a row
+        of the TeX per line."""
+        text = math_text(tex)
+        opening = self.source.find(self.math_open, self.position, self.position + LOOKAHEAD)
+        closing = self.source.find(MATH_CLOSE[self.math_open], opening + 2) if opening >= 0 else -1
+        if closing < 0:
+            owners = [self._owner_of(char) for char in text]
+        else:  # aligned with the source's own span, whose lines may carry a list's indentation
+            start, self.position = opening + 2, closing + 2
+            owners = [self._owner_at(start + index) for index in _aligned(self.source[start:closing], text)]
+        line_start = 0
+        for number, line in enumerate(text.split("\n")):
+            if number:
+                self.out.append("<br />")
+            self._emit(line, owners[line_start : line_start + len(line)])
+            line_start += len(line) + 1
 
     def _skip_fence_line(self) -> None:
         """Moves past a fence's opening line, whose language name would otherwise take the
@@ -136,7 +191,10 @@ class _Colourer(HTMLParser):
         if found < 0:
             return None
         self.position = found + 1
-        return self.owners[found] if found < len(self.owners) else None
+        return self._owner_at(found)
+
+    def _owner_at(self, index: int) -> int | None:
+        return self.owners[index] if index < len(self.owners) else None
 
     def _token_html(self, index: int, piece: str) -> str:
         token, options, theme = self.tokens[index], self.options, self.theme
@@ -156,6 +214,18 @@ class _Colourer(HTMLParser):
             return ghost + link(piece, "underline" if underline else "none")
         body = piece[len(lead):]  # a corrected token's indentation is not underlined
         return ghost + link(lead, "none") + (link(body, "underline") if body else "")
+
+
+def _aligned(source: str, text: str) -> list[int]:
+    """For each character of `text` (a conversion of `source`), the index of the source
+    character it came from: the same character where both have it, else the position of the
+    TeX it replaced (× -> \\times)."""
+    where: list[int] = []
+    for _, source_start, source_end, text_start, text_end in SequenceMatcher(None, source, text, autojunk=False).get_opcodes():
+        for offset in range(text_end - text_start):
+            span = source_end - source_start
+            where.append(min(source_start + offset * span // (text_end - text_start), len(source) - 1))
+    return where
 
 
 def markdown_html(message_index: int, text: str, owners: list[int], tokens: list[TokenRecord],
