@@ -95,3 +95,24 @@ def test_math_in_a_list_item_aligns_with_its_indented_source():
     tokens = [tok("1. Then\n   \\[\n   48"), tok(" + "), tok("24"), tok("\n   \\]\n2. Done")]
     html = answer_html(0, tokens, RenderOptions(LIGHT))
     assert linked_text(html) == {0: "Then48", 1: " + ", 2: "24", 3: "Done"}
+
+
+def test_code_takes_syntax_colours_when_provenance_colours_are_off():
+    tokens = [tok("```python\n"), tok("def", "corrected"), tok(" f():\n    return 'x'\n"), tok("```\n")]
+    plain = answer_html(0, tokens, RenderOptions(LIGHT, colouring=False))
+    assert 'href="tok:0:1" style="color:#008000' in plain  # a keyword, in Pygments' default style
+    assert "color:#BA2121" in plain  # the string
+    assert linked_text(plain) == linked_text(answer_html(0, tokens, RenderOptions(LIGHT)))  # still every token
+    coloured = answer_html(0, tokens, RenderOptions(LIGHT))
+    assert "#008000" not in coloured and 'href="tok:0:1" style="color:#D55E00' in coloured
+    unknown = answer_html(0, [tok("```nosuchlanguage\n48.0\n```")], RenderOptions(LIGHT, colouring=False))
+    assert f"color:{LIGHT.text}" in unknown
+
+
+def test_every_image_a_theme_names_exists():
+    from pathlib import Path
+
+    from app.ui.theme import THEMES
+    for theme in THEMES.values():
+        for image in re.findall(r"url\(([^)]*)\)", theme.stylesheet()):
+            assert Path(image).is_file(), (theme.name, image)

@@ -5,7 +5,7 @@ math (\\( \\), \\[ \\], $$ $$) written as Unicode text (math_text.py). Every cha
 rendered text is then traced back to the answer token it came from (the rendered text is the
 source minus Markdown's markers; math is aligned with its TeX), so each token stays a link
 coloured by its provenance, with its tooltip, inside lists, tables, headings, math and code
-blocks alike.
+blocks alike. With provenance colours off, code blocks are coloured by their syntax (Pygments).
 """
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from html import escape
 from html.parser import HTMLParser
-from itertools import groupby
+from itertools import groupby, repeat
 
 from markdown_it import MarkdownIt
 from markdown_it.rules_inline import StateInline
+from pygments.lexers import get_lexer_by_name
+from pygments.styles import get_style_by_name
+from pygments.token import Generic
+from pygments.util import ClassNotFound
 
 from ..chat.conversation import AnswerStats, Comparison, Message, TokenRecord
 from ..engine.steps import FinishReason, Source
@@ -99,6 +103,7 @@ class _Colourer(HTMLParser):
         self.code_blocks = first_code_block
         self.ghosted: set[int] = set()
         self.math_open: str | None = None  # the opening delimiter of the math span being read
+        self.code_language = ""  # the language of the fenced block being read
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         theme = self.theme
@@ -107,6 +112,7 @@ class _Colourer(HTMLParser):
             return
         if tag == "code" and self.in_pre:  # a fenced block: language and copy link above a shaded box
             language = next((v[len("language-"):] for k, v in attrs if k == "class" and v and v.startswith("language-")), "")
+            self.code_language = language
             link = f'<a href="{action_href("copycode", self.message_index, self.code_blocks)}" style="color:{theme.link}">copy</a>'
             self.out.append(f'<p style="color:{theme.muted};font-family:monospace;margin:6px 0 0 0">'
                             f'{escape(language)}{" · " if language else ""}{link}</p>'
@@ -151,13 +157,20 @@ class _Colourer(HTMLParser):
             return
         if self.in_pre and text.endswith("\n"):
             text = text[:-1]  # the fence's last newline: <pre> would show it as an empty line
-        self._emit(text, [self._owner_of(char) for char in text])
+        colours = (syntax_colours(text, self.code_language, self.theme.code_style)
+                   if self.in_pre and self.code_language and not self.options.colouring else None)
+        self._emit(text, [self._owner_of(char) for char in text], colours)
 
-    def _emit(self, text: str, owners: list[int | None]) -> None:
-        """`text` as runs of links, one per token (owners[i]: the token of text[i])."""
-        for owner, run in groupby(zip(owners, text), key=lambda pair: pair[0]):
-            piece = "".join(char for _, char in run)
-            self.out.append(escape(piece) if owner is None or self.in_link else self._token_html(owner, piece))
+    def _emit(self, text: str, owners: list[int | None], colours: list[str | None] | None = None) -> None:
+        """`text` as runs of links, one per token (owners[i]: the token of text[i]); colours[i]:
+        text[i]'s syntax colour where provenance colours are off (None: the text colour)."""
+        keys = zip(owners, colours or repeat(None))
+        for (owner, colour), run in groupby(zip(keys, text), key=lambda pair: pair[0]):
+            piece = escape("".join(char for _, char in run))
+            if owner is not None and not self.in_link:
+                self.out.append(self._token_html(owner, piece, colour))
+            else:
+                self.out.append(f'<span style="color:{colour}">{piece}</span>' if colour else piece)
 
     def _math(self, tex: str) -> None:
         """A math span as text, each character owned by the token of the TeX it came from; a row
@@ -196,7 +209,8 @@ class _Colourer(HTMLParser):
     def _owner_at(self, index: int) -> int | None:
         return self.owners[index] if index < len(self.owners) else None
 
-    def _token_html(self, index: int, piece: str) -> str:
+    def _token_html(self, index: int, piece: str, syntax_colour: str | None = None) -> str:
+        """piece: escaped HTML."""
         token, options, theme = self.tokens[index], self.options, self.theme
         ghost = ""
         if index not in self.ghosted:  # rejected drafts go before the token's first character
@@ -204,16 +218,32 @@ class _Colourer(HTMLParser):
             if options.ghosts and token.rejected:
                 ghost = (f'<span style="color:{theme.muted};text-decoration:line-through">'
                          f"{escape(token.rejected)}</span>")
-        colour = theme.colour(token.source) if options.colouring else theme.text
+        colour = theme.colour(token.source) if options.colouring else syntax_colour or theme.text
         underline = options.colouring and token.source is Source.CORRECTED
         weight = "font-weight:600;" if options.colouring and token.source is Source.BONUS else ""
         link = lambda text, decoration: (f'<a href="{token_href(self.message_index, index)}" '
-                                         f'style="color:{colour};text-decoration:{decoration};{weight}">{escape(text)}</a>')
+                                         f'style="color:{colour};text-decoration:{decoration};{weight}">{text}</a>')
         lead = piece[: len(piece) - len(piece.lstrip())]
         if not (underline and lead):
             return ghost + link(piece, "underline" if underline else "none")
         body = piece[len(lead):]  # a corrected token's indentation is not underlined
         return ghost + link(lead, "none") + (link(body, "underline") if body else "")
+
+
+def syntax_colours(code: str, language: str, style: str) -> list[str | None]:
+    """For each character of `code`, its colour in the Pygments `style` (None: the text colour);
+    all None for a language Pygments does not know."""
+    try:
+        lexer = get_lexer_by_name(language, stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        return [None] * len(code)
+    colours_by_type = get_style_by_name(style)
+    colours: list[str | None] = []
+    for token_type, value in lexer.get_tokens(code):
+        # a program's printed output (an "output" block) reads as text, not as a colour of code
+        colour = None if token_type in Generic.Output else colours_by_type.style_for_token(token_type)["color"]
+        colours += [f"#{colour}" if colour else None] * len(value)
+    return (colours + [None] * len(code))[: len(code)]  # the lexer may normalise line ends
 
 
 def _aligned(source: str, text: str) -> list[int]:

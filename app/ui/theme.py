@@ -21,6 +21,7 @@ class Theme:
     corrected: str
     bonus: str
     link: str  # action links (copy, edit, regenerate, versions)
+    code_style: str = "default"  # the Pygments style of code blocks when provenance colours are off
 
     def colour(self, source: Source | str) -> str:
         return {Source.ACCEPTED: self.accepted, Source.CORRECTED: self.corrected, Source.BONUS: self.bonus}.get(
@@ -28,7 +29,8 @@ class Theme:
 
     def stylesheet(self) -> str:
         path = RESOURCES / "themes" / f"{self.name}.qss"
-        return path.read_text() if path.is_file() else ""
+        # Qt resolves url() against the working directory: images are named from the themes folder.
+        return path.read_text().replace("{themes}", path.parent.as_posix()) if path.is_file() else ""
 
 
 LIGHT = Theme("light", text="#1d1d1f", muted="#8a8a8e", background="#ffffff", user_bubble="#eef1f6",
@@ -36,7 +38,7 @@ LIGHT = Theme("light", text="#1d1d1f", muted="#8a8a8e", background="#ffffff", us
               link="#5a5a60")
 DARK = Theme("dark", text="#e8e8ea", muted="#8e8e93", background="#1e1f22", user_bubble="#2b2d31",
              code_background="#26282c", accepted="#56B4E9", corrected="#F0883E", bonus="#E58FC4",
-             link="#b8b8be")
+             link="#b8b8be", code_style="one-dark")
 THEMES = {"light": LIGHT, "dark": DARK}
 
 # Words for the legend and tooltips; the engine's vocabulary.
