@@ -29,7 +29,8 @@ from .math_text import math_text
 from .theme import Theme
 
 LOOKAHEAD = 240  # how far a rendered character is looked for in the source (past markers and fences)
-MATH = re.compile(r"\\\((.+?)\\\)|\\\[(.+?)\\\]|\$\$(.+?)\$\$", re.DOTALL)
+# A math span of up to 4,000 characters: an unclosed delimiter costs a bounded look ahead.
+MATH = re.compile(r"\\\((.{1,4000}?)\\\)|\\\[(.{1,4000}?)\\\]|\$\$(.{1,4000}?)\$\$", re.DOTALL)
 MATH_CLOSE = {"\\(": "\\)", "\\[": "\\]", "$$": "$$"}
 
 
