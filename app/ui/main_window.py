@@ -124,9 +124,9 @@ class MainWindow(QMainWindow):
             actions.addWidget(button)
         middle.addLayout(actions)
 
-        # The acceptance view stays in sight while an answer streams; the controls sit below it
-        # as tabs of fixed height (each tab scrolls on its own when the window is very short).
-        # It scrolls when the window is too short for it, so its charts never overlap their titles.
+        # The acceptance view stays in sight while an answer streams (scrolling when the window is
+        # too short for it, rather than squeezing its charts onto their titles); the controls sit
+        # below it as tabs of fixed height (each tab scrolls on its own when the window is very short).
         right = QSplitter(Qt.Vertical)
         acceptance = QScrollArea(widgetResizable=True, frameShape=QFrame.NoFrame)
         acceptance.setWidget(self.acceptance)

@@ -253,9 +253,8 @@ def _aligned(source: str, text: str) -> list[int]:
     TeX it replaced (× -> \\times)."""
     where: list[int] = []
     for _, source_start, source_end, text_start, text_end in SequenceMatcher(None, source, text, autojunk=False).get_opcodes():
-        for offset in range(text_end - text_start):
-            span = source_end - source_start
-            where.append(min(source_start + offset * span // (text_end - text_start), len(source) - 1))
+        span, length = source_end - source_start, text_end - text_start
+        where += [min(source_start + offset * span // length, len(source) - 1) for offset in range(length)]
     return where
 
 
