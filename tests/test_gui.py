@@ -530,3 +530,28 @@ def test_the_chat_follows_a_document_laid_out_after_the_change(qtbot, make_windo
     assert bar.value() < bar.maximum() - 300
     view.show_messages(window.conversation.messages)
     assert bar.value() < bar.maximum() - 4
+
+
+def test_ctrl_c_and_sigterm_close_the_window_keeping_the_answer_and_settings(qtbot, make_window, tmp_path):
+    import os
+    import signal
+
+    from app.ui.app import close_on_signals
+
+    window = make_window(max_new_tokens=5000)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        close_on_signals(window)
+        window.dark_action.setChecked(True)
+        window.composer.setPlainText("long answer please")
+        window.send_button.click()
+        wait_until_streaming(qtbot, window)
+        os.kill(os.getpid(), signal.SIGTERM)
+        qtbot.waitUntil(lambda: not window.isVisible(), timeout=10_000)
+    finally:
+        signal.set_wakeup_fd(-1)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    saved = ChatStore(tmp_path / "chats.sqlite3").load_chat(window.conversation.id).messages
+    assert saved[-1].stats.finish is FinishReason.INTERRUPTED and saved[-1].tokens
+    assert QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat).value("theme") == "dark"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +22,24 @@ def _application():
     app.setOrganizationName("SpecChat")
     app.setWindowIcon(QIcon(str(RESOURCES / "icon.png")))
     return app
+
+
+def close_on_signals(window) -> None:
+    """Ctrl+C in the terminal that started the app (SIGINT) and SIGTERM (`kill`, a logout) close
+    the window as its close button does: the answer being written is kept, the settings saved.
+    Python runs a signal's handler only when the interpreter next runs, which Qt's idle event loop
+    never lets it do (Ctrl+C did nothing): the signal's wake-up byte wakes the loop instead."""
+    from PySide6.QtCore import QSocketNotifier
+
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno())
+    notifier = QSocketNotifier(reader.fileno(), QSocketNotifier.Type.Read, window)
+    notifier.activated.connect(lambda: reader.recv(64))  # the handler runs as this returns to Qt
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: window.close())
+    window.signal_wakeup = (reader, writer, notifier)  # alive as long as the window
 
 
 def run_gui() -> int:
@@ -41,6 +61,7 @@ def run_gui() -> int:
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
     window = MainWindow(ChatStore())
+    close_on_signals(window)
     window.show()
     with loop:
         loop.run_until_complete(closed.wait())
