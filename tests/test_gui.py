@@ -555,3 +555,21 @@ def test_ctrl_c_and_sigterm_close_the_window_keeping_the_answer_and_settings(qtb
     saved = ChatStore(tmp_path / "chats.sqlite3").load_chat(window.conversation.id).messages
     assert saved[-1].stats.finish is FinishReason.INTERRUPTED and saved[-1].tokens
     assert QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat).value("theme") == "dark"
+
+
+def test_the_window_reopens_where_and_as_large_as_it_was_left(qtbot, make_window, monkeypatch):
+    from PySide6.QtWidgets import QSplitter
+
+    window = make_window()
+    window.resize(1200, 700)
+    window.splitters["columns"].setSizes([150, 600, 450])
+    qtbot.waitUntil(lambda: window.width() == 1200)
+    window.close()
+    left = [bytes(window.saveGeometry())] + [bytes(s.saveState()) for s in window.splitters.values()]
+    # Qt fits a restored window into the screen, and the offscreen one is 800x600 (narrower than
+    # the window can be): what is given back to Qt is checked, not what that screen makes of it.
+    restored = []
+    monkeypatch.setattr(MainWindow, "restoreGeometry", lambda self, state: restored.append(bytes(state)) or True)
+    monkeypatch.setattr(QSplitter, "restoreState", lambda self, state: restored.append(bytes(state)) or True)
+    make_window()
+    assert restored == left

@@ -75,13 +75,14 @@ def run_screenshot(path: Path, prompt: str, dark: bool = False) -> int:
     from PySide6.QtCore import QSettings, QTimer
 
     from ..chat.store import ChatStore
-    from .main_window import MainWindow
+    from .main_window import LAYOUT_KEYS, MainWindow
 
     app = _application()
     workdir = Path(tempfile.mkdtemp(prefix="specchat-shot-"))
     settings = QSettings(str(workdir / "settings.ini"), QSettings.IniFormat)
     for key in QSettings("SpecChat", "SpecChat").allKeys():  # the user's settings, left untouched
-        settings.setValue(key, QSettings("SpecChat", "SpecChat").value(key))
+        if key not in LAYOUT_KEYS:  # a screenshot is taken at the default size
+            settings.setValue(key, QSettings("SpecChat", "SpecChat").value(key))
     if dark:
         settings.setValue("theme", "dark")
     window = MainWindow(ChatStore(workdir / "chats.sqlite3"), settings)

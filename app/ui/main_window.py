@@ -39,6 +39,10 @@ class LoadResult:
 READING_PROMPT = "Reading the prompt:"  # the status bar while a long prompt is read
 
 
+WINDOW_GEOMETRY = "geometry"
+LAYOUT_KEYS = (WINDOW_GEOMETRY, "columns", "right_column")  # the settings that place the window
+
+
 class MainWindow(QMainWindow):
     models_ready = Signal()
     answer_finished = Signal()
@@ -143,6 +147,7 @@ class MainWindow(QMainWindow):
         splitter.setSizes([200, 700, 380])
         self.setCentralWidget(splitter)
         self.resize(1280, 800)
+        self.splitters = {"columns": splitter, "right_column": right}  # their sizes are settings
 
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
@@ -199,6 +204,11 @@ class MainWindow(QMainWindow):
     # ---- settings and appearance ------------------------------------------------------------
     def _restore_settings(self) -> None:
         s, c = self.settings, self.controls
+        if s.value(WINDOW_GEOMETRY) is not None:  # where the user left the window and its columns
+            self.restoreGeometry(s.value(WINDOW_GEOMETRY))
+        for key, splitter in self.splitters.items():
+            if s.value(key) is not None:
+                splitter.restoreState(s.value(key))
         for source in s.value("extra_models", [], list) or []:
             c.add_source(Path(source).name or source, source)
         # Unset keys keep the controls' own values, which are the shared defaults.
@@ -235,7 +245,9 @@ class MainWindow(QMainWindow):
                            ("top_k", options.sampling.top_k), ("top_p", options.sampling.top_p),
                            ("min_p", options.sampling.min_p), ("max_new_tokens", options.max_new_tokens),
                            ("seed", options.seed), ("colouring", self.colouring.isChecked()),
-                           ("ghosts", self.ghosts.isChecked()), ("theme", self.theme.name)]:
+                           ("ghosts", self.ghosts.isChecked()), ("theme", self.theme.name),
+                           (WINDOW_GEOMETRY, self.saveGeometry()),
+                           *((key, splitter.saveState()) for key, splitter in self.splitters.items())]:
             s.setValue(key, value)
         s.sync()
 
