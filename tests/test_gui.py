@@ -573,3 +573,14 @@ def test_the_window_reopens_where_and_as_large_as_it_was_left(qtbot, make_window
     monkeypatch.setattr(QSplitter, "restoreState", lambda self, state: restored.append(bytes(state)) or True)
     make_window()
     assert restored == left
+
+
+def test_a_small_laptop_screen_holds_the_window_and_long_values_wrap_in_full(qtbot, make_window):
+    window = make_window()
+    assert window.minimumSizeHint().width() <= 1000  # 1366x768 at 125%, 1280x800 at 125%: 1024-1093 wide
+    window.resize(window.minimumSizeHint().width(), 700)
+    memory = window.acceptance.fields["memory"]
+    window.acceptance.show_memory("target 1.05 GiB (lowbit), draft 0.31 GiB (3bit), caches 40 MiB (float16)")
+    qtbot.waitUntil(lambda: memory.height() >= memory.heightForWidth(memory.width()) > memory.fontMetrics().height())
+    below = window.acceptance.context
+    assert below.y() >= memory.y() + memory.height()  # the next row starts under the wrapped value

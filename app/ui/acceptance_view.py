@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtCore import QPointF, QRectF, Qt, QTimer
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QVBoxLayout, QWidget
 
@@ -21,7 +21,7 @@ class Histogram(QWidget):
         super().__init__()
         self.counts: dict[int, int] = {}
         self.colour = QColor("#0072B2")
-        self.setMinimumHeight(90)
+        self.setMinimumHeight(80)
         self.setToolTip("Steps by number of accepted draft tokens")
 
     def set_lengths(self, lengths: list[int]) -> None:
@@ -55,7 +55,7 @@ class Trace(QWidget):
         super().__init__()
         self.values: list[float] = []
         self.colour = QColor("#D55E00")
-        self.setMinimumHeight(70)
+        self.setMinimumHeight(60)
         self.setToolTip("Acceptance rate along the answer (0 to 100%)")
 
     def set_values(self, values: list[float]) -> None:
@@ -83,7 +83,7 @@ class AcceptanceView(QWidget):
         super().__init__()
         layout = QVBoxLayout(self)
         box = QGroupBox("Acceptance")
-        form = QFormLayout(box)
+        form = self.form = QFormLayout(box)
         self.fields = {}
         for key, label in [("mode", "Mode"), ("acceptance", "Acceptance rate"), ("length", "Mean accepted length"),
                            ("speed", "Speed"), ("first", "First token"), ("time", "Draft / target time"),
@@ -131,6 +131,7 @@ class AcceptanceView(QWidget):
         self.histogram.set_lengths(list(stats.accepted_lengths))
         self.trace.set_values(list(stats.acceptance_trace))
         self.show_comparison(stats.comparison)
+        self._relayout()
 
     def show_context(self, used: int, length: int) -> None:
         self.context.setRange(0, max(length, 1))
@@ -140,6 +141,13 @@ class AcceptanceView(QWidget):
     def show_memory(self, text: str, details: str = "") -> None:
         self.fields["memory"].setText(text)
         self.fields["memory"].setToolTip(details)
+        self._relayout()
+
+    def _relayout(self) -> None:
+        """A value that now wraps onto more lines gets them: the form keeps the row heights it
+        measured for the old texts (the rows below then overlapped it in a narrow window) unless
+        it is measured again once the new texts are laid out."""
+        QTimer.singleShot(0, self.form.invalidate)
 
     def show_comparison(self, comparison: Comparison | None) -> None:
         self.comparison.setText(comparison_html(comparison) if comparison else NO_COMPARISON)

@@ -57,6 +57,10 @@ class ControlsPanel(QTabWidget):
                                  "fp32 reference does. Plain and speculative decoding round alike with either.")
         self.device = QLabel(device_text)
         self.device.setWordWrap(True)
+        for combo in (self.target, self.draft, self.precision, self.draft_precision, self.kv_cache):
+            # long names (a model's file, "(different vocabulary)") are cut, not widening the column
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(14)
         form.addRow("Target", self.target)
         form.addRow("Draft", self.draft)
         form.addRow("Target precision", self.precision)

@@ -98,7 +98,7 @@ class MainWindow(QMainWindow):
         center = QWidget()
         middle = QVBoxLayout(center)
         legend_row = QHBoxLayout()
-        self.legend = QLabel()
+        self.legend = QLabel(wordWrap=True)  # on two lines in a narrow window, not cut
         self.colouring = QCheckBox("Colours")
         self.ghosts = QCheckBox("Show rejected drafts")
         legend_row.addWidget(self.legend, 1)
@@ -138,7 +138,7 @@ class MainWindow(QMainWindow):
         right.addWidget(self.controls)
         right.setStretchFactor(0, 1)
         right.setChildrenCollapsible(False)
-        right.setMinimumWidth(380)
+        right.setMinimumWidth(320)
 
         splitter = QSplitter()
         for widget in (sidebar, center, right):
@@ -146,7 +146,8 @@ class MainWindow(QMainWindow):
         splitter.setStretchFactor(1, 1)
         splitter.setSizes([200, 700, 380])
         self.setCentralWidget(splitter)
-        self.resize(1280, 800)
+        screen = self.screen().availableGeometry()  # a small laptop screen gets a window that fits it
+        self.resize(min(1280, screen.width()), min(800, screen.height()))
         self.splitters = {"columns": splitter, "right_column": right}  # their sizes are settings
 
     def _build_menus(self) -> None:
@@ -264,7 +265,7 @@ class MainWindow(QMainWindow):
         self.acceptance.set_colours(theme.accepted, theme.corrected)
         swatches = "".join(
             f'<span style="color:{theme.colour(source)};{"text-decoration:underline;" if source == "corrected" else ""}'
-            f'{"font-weight:600;" if source == "bonus" else ""}">&#9632; {source}</span>&nbsp;&nbsp;&nbsp;'
+            f'{"font-weight:600;" if source == "bonus" else ""}">&#9632;&nbsp;{source}</span>&nbsp;&nbsp; '
             for source in SOURCE_HELP)
         self.legend.setText(swatches)
         self.legend.setToolTip("<br>".join(f"<b>{k}</b>: {v}" for k, v in SOURCE_HELP.items()))
