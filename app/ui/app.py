@@ -75,7 +75,7 @@ def run_screenshot(path: Path, prompt: str, dark: bool = False) -> int:
     from PySide6.QtCore import QSettings, QTimer
 
     from ..chat.store import ChatStore
-    from .main_window import LAYOUT_KEYS, MainWindow
+    from .main_window import DEFAULT_SIZE, LAYOUT_KEYS, MainWindow
 
     app = _application()
     workdir = Path(tempfile.mkdtemp(prefix="specchat-shot-"))
@@ -86,6 +86,7 @@ def run_screenshot(path: Path, prompt: str, dark: bool = False) -> int:
     if dark:
         settings.setValue("theme", "dark")
     window = MainWindow(ChatStore(workdir / "chats.sqlite3"), settings)
+    window.resize(*DEFAULT_SIZE)  # whatever the offscreen screen's size
     window.show()
     outcome = {"code": 1}
 

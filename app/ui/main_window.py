@@ -39,6 +39,7 @@ class LoadResult:
 READING_PROMPT = "Reading the prompt:"  # the status bar while a long prompt is read
 
 
+DEFAULT_SIZE = (1280, 800)
 WINDOW_GEOMETRY = "geometry"
 LAYOUT_KEYS = (WINDOW_GEOMETRY, "columns", "right_column")  # the settings that place the window
 
@@ -147,7 +148,7 @@ class MainWindow(QMainWindow):
         splitter.setSizes([200, 700, 380])
         self.setCentralWidget(splitter)
         screen = self.screen().availableGeometry()  # a small laptop screen gets a window that fits it
-        self.resize(min(1280, screen.width()), min(800, screen.height()))
+        self.resize(min(DEFAULT_SIZE[0], screen.width()), min(DEFAULT_SIZE[1], screen.height()))
         self.splitters = {"columns": splitter, "right_column": right}  # their sizes are settings
 
     def _build_menus(self) -> None:
