@@ -116,3 +116,11 @@ def test_every_image_a_theme_names_exists():
     for theme in THEMES.values():
         for image in re.findall(r"url\(([^)]*)\)", theme.stylesheet()):
             assert Path(image).is_file(), (theme.name, image)
+
+
+def test_single_dollar_math_converts_but_prices_stay_text():
+    def shown(text):
+        return re.sub(r"<[^>]+>", "", answer_html(0, [tok(text)], RenderOptions(LIGHT))).strip()
+    assert shown("Let $x^2$ and $y_1$ be given, $10 more.") == "Let x² and y₁ be given, $10 more."
+    for prices in ("It costs $18 and $20 today.", "$5+$3 = $8", "between $1,000 and $2,000", "$ 5 and 6 $"):
+        assert shown(prices) == prices

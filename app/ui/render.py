@@ -1,7 +1,7 @@
 """Messages -> HTML for the chat view.
 
 Markdown (CommonMark with tables and strikethrough) is rendered by markdown-it-py, with TeX
-math (\\( \\), \\[ \\], $$ $$) written as Unicode text (math_text.py). Every character of the
+math (\\( \\), \\[ \\], $$ $$, $ $) written as Unicode text (math_text.py). Every character of the
 rendered text is then traced back to the answer token it came from (the rendered text is the
 source minus Markdown's markers; math is aligned with its TeX), so each token stays a link
 coloured by its provenance, with its tooltip, inside lists, tables, headings, math and code
@@ -29,9 +29,13 @@ from .math_text import math_text
 from .theme import Theme
 
 LOOKAHEAD = 240  # how far a rendered character is looked for in the source (past markers and fences)
-# A math span of up to 4,000 characters: an unclosed delimiter costs a bounded look ahead.
-MATH = re.compile(r"\\\((.{1,4000}?)\\\)|\\\[(.{1,4000}?)\\\]|\$\$(.{1,4000}?)\$\$", re.DOTALL)
-MATH_CLOSE = {"\\(": "\\)", "\\[": "\\]", "$$": "$$"}
+# A math span of up to 4,000 characters: an unclosed delimiter costs a bounded look ahead. A
+# single $ follows Pandoc's rule, so that prices stay text ("$18 and $20"): no space inside either
+# dollar, none of it across lines, and no digit right after the closing one.
+MATH = re.compile(r"\\\((.{1,4000}?)\\\)|\\\[(.{1,4000}?)\\\]|\$\$(.{1,4000}?)\$\$"
+                  r"|\$(?![\s$])([^\n$]{1,400}?)(?<![\s\\])\$(?!\d)", re.DOTALL)
+MATH_OPEN = {1: "\\(", 2: "\\[", 3: "$$", 4: "$"}  # by the pattern's group
+MATH_CLOSE = {"\\(": "\\)", "\\[": "\\]", "$$": "$$", "$": "$"}
 
 
 def _math_rule(state: StateInline, silent: bool) -> bool:
@@ -42,7 +46,7 @@ def _math_rule(state: StateInline, silent: bool) -> bool:
         return False
     if not silent:
         token = state.push("math", "", 0)
-        token.content, token.markup = match.group(match.lastindex), match.group(0)[:2]
+        token.content, token.markup = match.group(match.lastindex), MATH_OPEN[match.lastindex]
     state.pos = match.end()
     return True
 
@@ -178,11 +182,13 @@ class _Colourer(HTMLParser):
         of the TeX per line."""
         text = math_text(tex)
         opening = self.source.find(self.math_open, self.position, self.position + LOOKAHEAD)
-        closing = self.source.find(MATH_CLOSE[self.math_open], opening + 2) if opening >= 0 else -1
+        start = opening + len(self.math_open)
+        close = MATH_CLOSE[self.math_open]
+        closing = self.source.find(close, start + 1) if opening >= 0 else -1
         if closing < 0:
             owners = [self._owner_of(char) for char in text]
         else:  # aligned with the source's own span, whose lines may carry a list's indentation
-            start, self.position = opening + 2, closing + 2
+            self.position = closing + len(close)
             owners = [self._owner_at(start + index) for index in _aligned(self.source[start:closing], text)]
         line_start = 0
         for number, line in enumerate(text.split("\n")):
