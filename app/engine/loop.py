@@ -17,7 +17,7 @@ from .policy import DraftLengthPolicy
 from .prefix_cache import keep_prefix
 from .proposers import Draft, Proposer
 from .sampling import SamplingParams, logits_to_probs
-from .steps import EmittedToken, FinishReason, Source, Stats, Step
+from .steps import EmittedToken, FinishReason, Source, Stats, Step, first_stop
 from .verify import verify
 
 
@@ -119,10 +119,8 @@ def speculative_generate(
 
 def _until_stop(emitted: list[EmittedToken], stop_tokens: frozenset[int]) -> tuple[list[EmittedToken], FinishReason | None]:
     """Cut after the first stop token (kept, so callers see why generation ended)."""
-    for i, token in enumerate(emitted):
-        if token.id in stop_tokens:
-            return emitted[: i + 1], FinishReason.STOP
-    return emitted, None
+    stop = first_stop([token.id for token in emitted], stop_tokens)
+    return (emitted, None) if stop is None else (emitted[: stop + 1], FinishReason.STOP)
 
 
 def _provenance(draft: Draft, n_accepted: int, next_token: int, target_probs: torch.Tensor) -> list[EmittedToken]:

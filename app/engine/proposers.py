@@ -12,6 +12,7 @@ from .cached_model import CachedModel
 from .draft_vocabulary import DraftVocabulary
 from .prefix_cache import keep_prefix
 from .sampling import SamplingParams, logits_to_probs, sample
+from .steps import first_stop
 
 
 @dataclass
@@ -205,8 +206,8 @@ class DraftModelProposer(_Committed):
             return []
         looked_up = self.ngrams.continuation(drafted, min(self.lookup_tokens, limit))
         # Like a drafted one, a looked-up stop token ends the draft: nothing after it is emitted.
-        ends = next((i + 1 for i, token in enumerate(looked_up) if token in self.stop_tokens), len(looked_up))
-        return looked_up[:ends]
+        stop = first_stop(looked_up, self.stop_tokens)
+        return looked_up if stop is None else looked_up[: stop + 1]
 
     def _draft(self, tokens: torch.Tensor, probs: torch.Tensor | None, looked_up: int = 0,
                catch_up_seconds: float = 0.0, catch_up_tokens: int = 0) -> Draft:

@@ -80,3 +80,8 @@ class Step:
     rejected: list[int]  # draft tokens discarded in this step, in order
     stats: Stats  # running totals after this step
     finish: FinishReason | None = None  # set on the last step
+
+
+def first_stop(ids: list[int], stop_tokens: frozenset[int]) -> int | None:
+    """The index of the first token that ends an answer, None when there is none."""
+    return next((i for i, token in enumerate(ids) if token in stop_tokens), None)

@@ -83,7 +83,12 @@ class AcceptanceView(QWidget):
         super().__init__()
         layout = QVBoxLayout(self)
         box = QGroupBox("Acceptance")
-        form = self.form = QFormLayout(box)
+        form = QFormLayout(box)
+        # A value that now wraps onto more lines gets them: the form keeps the row heights it
+        # measured for the old texts (the rows below then overlapped it in a narrow window) unless
+        # it is measured again once the new texts are laid out. One measuring per batch of updates.
+        self._relayout = QTimer(self, singleShot=True, interval=0)
+        self._relayout.timeout.connect(form.invalidate)
         self.fields = {}
         for key, label in [("mode", "Mode"), ("acceptance", "Acceptance rate"), ("length", "Mean accepted length"),
                            ("speed", "Speed"), ("first", "First token"), ("time", "Draft / target time"),
@@ -131,7 +136,7 @@ class AcceptanceView(QWidget):
         self.histogram.set_lengths(list(stats.accepted_lengths))
         self.trace.set_values(list(stats.acceptance_trace))
         self.show_comparison(stats.comparison)
-        self._relayout()
+        self._relayout.start()
 
     def show_context(self, used: int, length: int) -> None:
         self.context.setRange(0, max(length, 1))
@@ -141,13 +146,7 @@ class AcceptanceView(QWidget):
     def show_memory(self, text: str, details: str = "") -> None:
         self.fields["memory"].setText(text)
         self.fields["memory"].setToolTip(details)
-        self._relayout()
-
-    def _relayout(self) -> None:
-        """A value that now wraps onto more lines gets them: the form keeps the row heights it
-        measured for the old texts (the rows below then overlapped it in a narrow window) unless
-        it is measured again once the new texts are laid out."""
-        QTimer.singleShot(0, self.form.invalidate)
+        self._relayout.start()
 
     def show_comparison(self, comparison: Comparison | None) -> None:
         self.comparison.setText(comparison_html(comparison) if comparison else NO_COMPARISON)

@@ -41,7 +41,8 @@ READING_PROMPT = "Reading the prompt:"  # the status bar while a long prompt is 
 
 DEFAULT_SIZE = (1280, 800)
 WINDOW_GEOMETRY = "geometry"
-LAYOUT_KEYS = (WINDOW_GEOMETRY, "columns", "right_column")  # the settings that place the window
+SPLITTER_KEYS = ("columns", "right_column")
+LAYOUT_KEYS = (WINDOW_GEOMETRY, *SPLITTER_KEYS)  # the settings that place the window
 
 
 class MainWindow(QMainWindow):
@@ -149,7 +150,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
         screen = self.screen().availableGeometry()  # a small laptop screen gets a window that fits it
         self.resize(min(DEFAULT_SIZE[0], screen.width()), min(DEFAULT_SIZE[1], screen.height()))
-        self.splitters = {"columns": splitter, "right_column": right}  # their sizes are settings
+        self.splitters = dict(zip(SPLITTER_KEYS, (splitter, right)))  # their sizes are settings
 
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
