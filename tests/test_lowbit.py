@@ -249,6 +249,24 @@ def test_low_bit_greedy_equivalence_with_the_other_builds(isa, monkeypatch):
         assert generated_ids(engine, prompt, k=k, max_new_tokens=30) == plain
 
 
+def test_low_bit_qwen3_runs_lean_and_keeps_the_output():
+    """Qwen3 (the q/k head norms) runs through the lean decoder and, where the kernel is built, its
+    C++ layer stack: speculation gives the target's greedy output."""
+    from app.engine import lean_decoder
+    from app.engine.cached_model import cached
+
+    target = quantize_model(tiny_model(seed=5, hidden=64, architecture="qwen3").model, 8)
+    draft = quantize_model(tiny_model(seed=6, hidden=64, architecture="qwen3").model, 4, feed_forward_bits=3)
+    decoder = cached(target)
+    assert isinstance(decoder, lean_decoder.LeanDecoder) and decoder.head_norms
+    assert (decoder.stack is not None) == (kernel.native() is not None)
+    engine = SpeculativeEngine(LoadedModel("t", target, tiny_model(5).tokenizer), LoadedModel("d", draft, tiny_model(6).tokenizer))
+    prompt = [5, 9, 2, 7]
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=30)
+    for k in (1, 4):
+        assert generated_ids(engine, prompt, k=k, max_new_tokens=30) == plain
+
+
 def test_low_bit_same_model_draft_accepts_everything(low_bit_target):
     engine = SpeculativeEngine(low_bit_target, low_bit_target)
     prompt = [3, 1, 4, 1, 5]
@@ -289,15 +307,17 @@ def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():
         assert generated_ids(engine, prompt, k=k, max_new_tokens=30) == plain
 
 
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("hidden", [32, 64])  # 64: q/k/v and gate/up fuse into one call each
-def test_lean_decoder_matches_transformers_forward(hidden):
+def test_lean_decoder_matches_transformers_forward(hidden, architecture):
     """The lean pass runs the same modules as transformers' forward, cache, its growth and rollback
     included, over a context longer than the native attention's blocks of 64 keys (with a float32
-    cache, as transformers' is; the float16 one is tested below)."""
+    cache, as transformers' is; the float16 one is tested below). Qwen3 normalises each query and
+    key head before the rotary embedding."""
     from app.engine.cached_model import CachedModel, cached
     from app.engine.lean_decoder import LeanDecoder
 
-    float_model = tiny_model(seed=5, hidden=hidden)
+    float_model = tiny_model(seed=5, hidden=hidden, architecture=architecture)
     with torch.no_grad():  # Qwen2's q/k/v biases start at zero; real models' do not
         for name, parameter in float_model.model.named_parameters():
             if name.endswith("bias"):
@@ -376,8 +396,9 @@ def test_the_native_cache_holds_keys_and_values_in_float16():
     assert (logits_half - logits_full).abs().max() < 0.05 * logits_full.abs().max()
 
 
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("isa", BUILDS)
-def test_verified_rows_equal_rows_decoded_alone(isa, monkeypatch):
+def test_verified_rows_equal_rows_decoded_alone(isa, architecture, monkeypatch):
     """The whole low-bit target is batch invariant: logits of tokens verified together are
     bit-identical to decoding them one at a time. This is what keeps greedy speculative output
     equal to plain output even on near-ties."""
@@ -385,7 +406,7 @@ def test_verified_rows_equal_rows_decoded_alone(isa, monkeypatch):
 
     module = built(isa)
     monkeypatch.setattr(kernel, "native", lambda: module)
-    model = quantize_model(tiny_model(seed=6, hidden=64).model, 4)
+    model = quantize_model(tiny_model(seed=6, hidden=64, architecture=architecture).model, 4)
     together, alone = cached(model), cached(model)
     prompt, tokens = torch.tensor([3, 9, 27, 81 % 96, 50]), torch.tensor([11, 22, 33, 44, 55, 66])
     together.forward(prompt, keep=1)

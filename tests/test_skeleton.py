@@ -12,8 +12,8 @@ from app.engine.lowbit.modules import quantize_model
 from tests.tiny import tiny_model
 
 
-def saved_and_loaded(tmp_path):
-    original = tiny_model(seed=8, hidden=64)
+def saved_and_loaded(tmp_path, architecture="qwen2"):
+    original = tiny_model(seed=8, hidden=64, architecture=architecture)
     with torch.no_grad():  # Qwen2's q/k/v biases start at zero; real models' do not
         for name, parameter in original.model.named_parameters():
             if name.endswith("bias"):
@@ -24,13 +24,15 @@ def saved_and_loaded(tmp_path):
     return model, loaded
 
 
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("native", [True, False])  # the C++ layer stack, and the Python loop
-def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp_path, native, monkeypatch):
+def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp_path, native, architecture,
+                                                                              monkeypatch):
     if not native:
         monkeypatch.setattr(kernel, "native", lambda: None)
     elif kernel.native() is None:
         pytest.skip("the C++ kernel is not built on this machine")
-    model, loaded = saved_and_loaded(tmp_path)
+    model, loaded = saved_and_loaded(tmp_path, architecture)
     assert isinstance(loaded, skeleton.CausalLM)
     assert loaded.generation_config.eos_token_id == model.generation_config.eos_token_id
     # reference: transformers' forward; float32 keys and values, as its cache holds them (float16,
@@ -45,8 +47,9 @@ def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp
         assert torch.allclose(logits, reference.forward(tokens, keep), atol=1e-4, rtol=1e-4)
 
 
-def test_as_transformers_wraps_the_same_weights(tmp_path):
-    model, loaded = saved_and_loaded(tmp_path)
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+def test_as_transformers_wraps_the_same_weights(tmp_path, architecture):
+    model, loaded = saved_and_loaded(tmp_path, architecture)
     wrapped = skeleton.as_transformers(loaded)
     assert wrapped.lm_head is loaded.lm_head
     ids = torch.arange(1, 30).view(1, -1) % 96

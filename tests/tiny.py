@@ -1,11 +1,11 @@
-"""Tiny random Qwen2-architecture models built from a config in code (no files)."""
+"""Tiny random Qwen2-architecture (or Qwen3) models built from a config in code (no files)."""
 from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from app.engine.models import LoadedModel
 
@@ -25,8 +25,12 @@ def tiny_model(
     context: int = 256,
     init_range: float = 0.2,
     prefix: str = "t",
+    architecture: str = "qwen2",
 ) -> LoadedModel:
-    config = Qwen2Config(
+    """architecture: "qwen2", or "qwen3" (no q/k/v biases; each query and key head RMS-normalised,
+    with random norm weights, so that a norm read from the wrong place shows)."""
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[architecture]
+    config = config_class(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -39,10 +43,15 @@ def tiny_model(
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
+        **({"head_dim": hidden // 4} if architecture == "qwen3" else {}),  # Qwen3's default is 128
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).eval()
+        model = model_class(config).eval()
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    parameter.uniform_(0.5, 1.5)
     model.generation_config.eos_token_id = None
     return LoadedModel(name=f"tiny-{seed}", model=model, tokenizer=tiny_tokenizer(vocab_size, prefix))
 

@@ -1,4 +1,4 @@
-"""A lean forward pass for Llama/Qwen2-style decoders with a preallocated KV cache.
+"""A lean forward pass for Llama/Qwen2/Qwen3-style decoders with a preallocated KV cache.
 
 transformers' forward builds masks, cache objects and output records on every call: about
 20 ms per token on 2 CPU cores for the default pair, as much as a low-bit draft's arithmetic.
@@ -45,6 +45,7 @@ class LeanDecoder:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = skeleton.head_dim(config)
+        self.head_norms = skeleton.has_head_norms(config)
         self.qkv, self.gate_up = fused_projections(model)
         self.stack = native_stack(model)  # None: the Python loop runs the layers
         self._embed, self._final_norm = _embedding_lookup(model.model.embed_tokens), _normaliser(model.model.norm)
@@ -219,8 +220,11 @@ class LeanDecoder:
                     [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
             else:
                 q, k, v = attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)
-            q = q.reshape(1, n, self.heads, self.head_dim).transpose(1, 2)
-            k = k.reshape(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = q.reshape(1, n, self.heads, self.head_dim)
+            k = k.reshape(1, n, self.kv_heads, self.head_dim)
+            if self.head_norms:
+                q, k = _rms_norm(attention.q_norm, q), _rms_norm(attention.k_norm, k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = v.reshape(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             self.keys[index][..., start:end] = k.transpose(2, 3)
@@ -261,10 +265,13 @@ def native_stack(model: nn.Module):
                 _STACKS[model] = None
                 return None
             to_native = lambda m: module.Projection(*m.packed.tensors().values(), m.bias, m.group, m.bits, m.out_features)
+            head_norms = ({"q_norm": attention.q_norm.weight.float().contiguous(),
+                           "k_norm": attention.k_norm.weight.float().contiguous()}
+                          if skeleton.has_head_norms(config) else {})
             layers.append(module.Layer(
                 layer.input_layernorm.weight.float(), layer.post_attention_layernorm.weight.float(),
                 [to_native(m) for m in parts["qkv"]], to_native(parts["output"]),
-                [to_native(m) for m in parts["gate_up"]], to_native(parts["down"])))
+                [to_native(m) for m in parts["gate_up"]], to_native(parts["down"]), **head_norms))
         _STACKS[model] = module.LayerStack(layers, config.num_attention_heads, config.num_key_value_heads,
                                            skeleton.head_dim(config), model.model.layers[0].self_attn.scaling,
                                            config.rms_norm_eps)

@@ -26,11 +26,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("values"), py::arg("bias"), py::arg("group"), py::arg("bits"), py::arg("out_features"));
   py::class_<Layer>(m, "Layer", py::module_local())
       .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, std::vector<Projection> qkv, Projection output,
-                       std::vector<Projection> gate_up, Projection down) {
-             return Layer{input_norm, post_norm, std::move(qkv), output, std::move(gate_up), down};
+                       std::vector<Projection> gate_up, Projection down, std::optional<at::Tensor> q_norm,
+                       std::optional<at::Tensor> k_norm) {
+             return Layer{input_norm, post_norm, q_norm.value_or(at::Tensor()), k_norm.value_or(at::Tensor()),
+                          std::move(qkv), output, std::move(gate_up), down};
            }),
            py::arg("input_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("output"), py::arg("gate_up"),
-           py::arg("down"));
+           py::arg("down"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
   py::class_<LayerStack>(m, "LayerStack", py::module_local())
       .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double>(), py::arg("layers"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scaling"), py::arg("eps"))

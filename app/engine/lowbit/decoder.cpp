@@ -1,5 +1,5 @@
-// The whole stack of Llama/Qwen2 decoder layers in one call: per layer RMSNorm, q/k/v
-// projections, rotary embedding, the KV-cache write, causal attention, the output projection,
+// The whole stack of Llama/Qwen2/Qwen3 decoder layers in one call: per layer RMSNorm, q/k/v
+// projections (Qwen3: each query and key head RMS-normalised), rotary embedding, the KV-cache write, causal attention, the output projection,
 // RMSNorm and the SwiGLU MLP, with the residual adds. In Python the same layer is about 30 tensor
 // operations whose dispatch cost (about 0.5 ms per layer on 2 cores) was a quarter of a low-bit
 // draft's pass; here it is a loop over raw buffers.
@@ -40,6 +40,16 @@ void rotate(float* x, int64_t heads, int64_t head_dim, const float* cos, const f
       v[i] = first * cos[i] - second * sin[i];
       v[i + half] = second * cos[i + half] + first * sin[i + half];
     }
+  }
+}
+
+// RMSNorm in place of `heads` consecutive vectors of one row, each over its own head_dim values
+// (Qwen3's q_norm and k_norm, before the rotary embedding): x [heads, head_dim], weight [head_dim].
+void normalise_heads(float* x, int64_t heads, int64_t head_dim, const float* weight, double eps) {
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * head_dim;
+    const float scale = rms_scale(v, head_dim, eps);
+    for (int64_t i = 0; i < head_dim; ++i) v[i] = v[i] * scale * weight[i];
   }
 }
 
@@ -440,6 +450,11 @@ LayerStack::LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_head
   for (const Layer& layer : layers_) {
     Steps steps{make_step(layer.qkv), make_step({layer.output}), make_step(layer.gate_up), make_step({layer.down})};
     const int64_t d = layer.input_norm.numel();
+    TORCH_CHECK(layer.q_norm.defined() == layer.k_norm.defined(), "query and key head norms come together");
+    for (const at::Tensor& norm : {layer.q_norm, layer.k_norm}) {
+      TORCH_CHECK(!norm.defined() || (norm.scalar_type() == at::kFloat && norm.is_contiguous() && norm.numel() == head_dim),
+                  "a head norm must be float32 [head_dim]");
+    }
     TORCH_CHECK(steps.qkv.input == d && steps.qkv.width == (heads + 2 * kv_heads) * head_dim &&
                     steps.output.input == heads * head_dim && steps.output.width == d && steps.gate_up.input == d &&
                     steps.gate_up.width == 2 * steps.down.input && steps.down.width == d &&
@@ -526,12 +541,16 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
 #pragma omp barrier
       products_shared(steps.qkv, n, ws, ws.qkv.data(), qkv_width, false, layer_ranges, thread, threads);
 #pragma omp barrier
-      {  // rotary embedding and the cache write, per row and kv head
+      {  // the heads' norms (Qwen3), rotary embedding and the cache write, per row and kv head
         const auto [begin, end] = share(n * kv_heads_, thread, threads);
         for (int64_t task = begin; task < end; ++task) {
           const int64_t r = task / kv_heads_, g = task % kv_heads_, position = start + r;
           float* row = ws.qkv.data() + r * qkv_width;
           float* key = row + q_width + g * hd;
+          if (layer.q_norm.defined()) {
+            normalise_heads(row + g * group * hd, group, hd, layer.q_norm.data_ptr<float>(), eps_);
+            normalise_heads(key, 1, hd, layer.k_norm.data_ptr<float>(), eps_);
+          }
           rotate(row + g * group * hd, group, hd, cos_rows + r * hd, sin_rows + r * hd);
           rotate(key, 1, hd, cos_rows + r * hd, sin_rows + r * hd);
           const auto write = [&](auto* key_cache, auto* value_cache) {  // float16: rounded to nearest

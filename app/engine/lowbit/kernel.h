@@ -177,6 +177,9 @@ void take_pairs(PairRange* ranges, int thread, int threads, int64_t pairs, Produ
 
 struct Layer {
   at::Tensor input_norm, post_norm;  // float32 [D]
+  // Qwen3's RMSNorm of each query and key head before the rotary embedding: float32 [head_dim],
+  // or empty tensors (Llama, Qwen2)
+  at::Tensor q_norm, k_norm;
   std::vector<Projection> qkv;      // one fused projection, or q, k and v
   Projection output;
   std::vector<Projection> gate_up;  // one fused projection, or gate and up
@@ -202,7 +205,7 @@ struct Step {
   bool groups[2] = {false, false};      // which group sizes (16, 32) its parts take activations in
 };
 
-// The whole stack of Llama/Qwen2 decoder layers in one call (decoder.cpp).
+// The whole stack of Llama/Qwen2/Qwen3 decoder layers in one call (decoder.cpp).
 class LayerStack {
  public:
   LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling,

@@ -1,4 +1,4 @@
-"""The module tree of a Llama/Qwen2 decoder without transformers' modeling code.
+"""The module tree of a Llama/Qwen2/Qwen3 decoder without transformers' modeling code.
 
 A low-bit model from the cache runs only through lean_decoder.LeanDecoder, which needs the
 tree's modules and the config. Building transformers' own model for it imported transformers'
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-SUPPORTED = {"qwen2", "llama"}
+SUPPORTED = {"qwen2", "llama", "qwen3"}
 # Rotary types whose frequencies do not change with the sequence (transformers' dynamic ones do)
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 
@@ -37,6 +37,11 @@ def static_rope(config) -> bool:
 def head_dim(config) -> int:
     """Components per attention head (configs that do not say split the hidden size evenly)."""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def has_head_norms(config) -> bool:
+    """Whether each query and key head is RMS-normalised before the rotary embedding (Qwen3)."""
+    return config.model_type == "qwen3"
 
 
 def _rope(config) -> dict:
@@ -85,6 +90,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, kv_heads * size, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, kv_heads * size, bias=bias)
         self.o_proj = nn.Linear(heads * size, config.hidden_size, bias=getattr(config, "attention_bias", False))
+        if has_head_norms(config):
+            self.q_norm, self.k_norm = RMSNorm(size, config.rms_norm_eps), RMSNorm(size, config.rms_norm_eps)
         self.scaling = size**-0.5
 
 
@@ -155,6 +162,9 @@ def as_transformers(model: nn.Module) -> nn.Module:
             getattr(theirs, name).weight = getattr(ours, name).weight
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             setattr(theirs.self_attn, name, getattr(ours.self_attn, name))
+        if has_head_norms(model.config):
+            theirs.self_attn.q_norm.weight = ours.self_attn.q_norm.weight
+            theirs.self_attn.k_norm.weight = ours.self_attn.k_norm.weight
         theirs.mlp = ours.mlp
     return wrapped.eval()
 
