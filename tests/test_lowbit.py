@@ -195,6 +195,72 @@ def test_gguf_rows_follow_the_architecture_order():
     assert torch.equal(packing.dequantize(packed_from_gguf(data, qtype, (32, 64), order)), straight.flip(0))
 
 
+def write_tiny_qwen3_gguf(path, layers=2, width=64, inner=128, heads=4, kv_heads=2, head_dim=16, vocabulary=96):
+    """A Qwen3 GGUF in Q8_0 whose heads are narrower than Qwen3's usual 128; returns its head norms."""
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(0)
+    weight = lambda *shape: quantize((rng.standard_normal(shape) * 0.2).astype(np.float32), GGMLQuantizationType.Q8_0)
+    norm = lambda n: (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_context_length(256)
+    writer.add_embedding_length(width)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(inner)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(vocabulary)
+    q8 = {"raw_dtype": GGMLQuantizationType.Q8_0}
+    writer.add_tensor("token_embd.weight", weight(vocabulary, width), **q8)
+    writer.add_tensor("output.weight", weight(vocabulary, width), **q8)
+    writer.add_tensor("output_norm.weight", norm(width))
+    head_norms = []
+    for i in range(layers):
+        head_norms.append((norm(head_dim), norm(head_dim)))
+        for name, tensor in [("attn_norm", norm(width)), ("ffn_norm", norm(width)),
+                             ("attn_q_norm", head_norms[-1][0]), ("attn_k_norm", head_norms[-1][1])]:
+            writer.add_tensor(f"blk.{i}.{name}.weight", tensor)
+        for name, shape in [("attn_q", (heads * head_dim, width)), ("attn_k", (kv_heads * head_dim, width)),
+                            ("attn_v", (kv_heads * head_dim, width)), ("attn_output", (width, heads * head_dim)),
+                            ("ffn_gate", (inner, width)), ("ffn_up", (inner, width)), ("ffn_down", (width, inner))]:
+            writer.add_tensor(f"blk.{i}.{name}.weight", weight(*shape), **q8)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return head_norms
+
+
+def test_a_qwen3_gguf_loads_low_bit_and_runs_lean(tmp_path):
+    """A Qwen3 GGUF's blocks load as they are, with the file's width per head (transformers'
+    reading keeps Qwen3's default of 128) and its head norms, and the stored copy runs through the
+    lean decoder as transformers' forward computes it."""
+    from app.engine import lean_decoder
+    from app.engine.cached_model import CachedModel, cached
+    from app.engine.lowbit import skeleton, store
+    from app.engine.lowbit.loader import load_gguf_lowbit
+
+    head_norms = write_tiny_qwen3_gguf(tmp_path / "tiny.gguf")
+    model = load_gguf_lowbit(tmp_path / "tiny.gguf")
+    assert model.config.model_type == "qwen3" and model.config.head_dim == 16
+    assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    for layer, (q_norm, k_norm) in zip(model.model.layers, head_norms):
+        assert torch.equal(layer.self_attn.q_norm.weight, torch.from_numpy(q_norm))
+        assert torch.equal(layer.self_attn.k_norm.weight, torch.from_numpy(k_norm))
+    store.save(model, tiny_model(1).tokenizer, tmp_path / "stored")
+    loaded, _ = store.load(tmp_path / "stored")
+    assert isinstance(loaded, skeleton.CausalLM)
+    ours, reference = cached(loaded, cache_dtype=torch.float32), CachedModel(model)
+    assert isinstance(ours, lean_decoder.LeanDecoder)
+    for tokens, keep in ((torch.arange(3, 40) % 96, 1), (torch.tensor([5, 17, 29, 41]), 4)):
+        assert torch.allclose(ours.forward(tokens, keep), reference.forward(tokens, keep), atol=1e-4, rtol=1e-4)
+
+
 def low_bit_copy(model: LoadedModel, bits: int) -> LoadedModel:
     copy = tiny_model(seed=int(model.name.split("-")[1]))  # same weights, a fresh float copy
     return LoadedModel(f"{model.name}-q{bits}", quantize_model(copy.model, bits), copy.tokenizer)

@@ -27,6 +27,7 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
     feed_forward_bits: the feed-forward matrices to this many instead."""
     with gguf_file.shared_reader(path) as reader:  # one parse for the config and the tensors
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    _take_head_dim(config, reader)
     with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     processor = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=config.to_dict())
@@ -66,6 +67,14 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
             model.lm_head = LowBitLinear(embedding.packed, out_features=model.lm_head.out_features)
     _check_complete(model, path)
     return model.eval()
+
+
+def _take_head_dim(config, reader) -> None:
+    """The file's width per attention head, where it names one: transformers' GGUF reading leaves
+    Qwen3's config at its default of 128 whatever the file says."""
+    field = reader.fields.get(f"{reader.fields['general.architecture'].contents()}.attention.key_length")
+    if field is not None and hasattr(config, "head_dim"):
+        config.head_dim = int(field.contents())
 
 
 def _real(bias: torch.Tensor | None) -> torch.Tensor | None:
