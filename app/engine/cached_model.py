@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import exact_attention
 from .prefix_cache import PrefixStore, Snapshot
 
 if TYPE_CHECKING:
@@ -24,6 +25,11 @@ class CachedModel:
         # Logits beyond the shared vocabulary (embedding padding) are never real tokens.
         self.vocab_width = vocab_width
         self.prefixes = PrefixStore()
+        # On the CPU a verified token's attention is computed as decoding it alone computes it
+        # (exact_attention): with the low-bit kernel's batch-invariant linears, greedy speculative
+        # output then equals plain output. A GPU keeps one call for all rows (its matrix products
+        # are not batch invariant either).
+        self.exact_rows = self.device.type == "cpu" and exact_attention.use_exact_rows(model)
         self.reset()
 
     def reset(self) -> None:
@@ -52,6 +58,7 @@ class CachedModel:
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=keep,
+                **({"exact_rows": keep > 1} if self.exact_rows else {}),
             )
         except BaseException:
             self.reset()  # some layers may hold the new tokens and others not: nothing there is reusable
