@@ -425,6 +425,30 @@ def test_a_streamed_answer_ending_in_a_list_keeps_its_header_a_paragraph(qtbot):
     assert finished == headers(view) and all(not_listed for not_listed, _ in finished)
 
 
+def test_a_thinking_answer_streams_as_it_renders_whole(qtbot):
+    """A reasoning model's thinking streams into its indented block part by part (its paragraphs
+    close one by one) and reads as the finished answer's render, markers left out."""
+    from app.chat.conversation import Message, TokenRecord
+    from app.engine.steps import Source
+    from app.ui.chat_view import ChatView
+    from app.ui.render import RenderOptions
+
+    pieces = ["<think>", "\nThe user", " wants 12 × 7.\n\n", "10 × 7 = 70,", " 2 × 7 = 14.\n", "</think>",
+              "\n\n12 × 7", " = **84**."]
+    answer = lambda n: Message("assistant", "".join(pieces[:n]), [TokenRecord(p, Source.ACCEPTED, 0.9) for p in pieces[:n]])
+    view = ChatView(RenderOptions(LIGHT))
+    qtbot.addWidget(view)
+    before = [Message("user", "What is 12 × 7?")]
+    view.show_messages(before, answer_follows=True)
+    for n in range(1, len(pieces) + 1):
+        view.stream(before, answer(n))
+    streamed = view.toPlainText().split("writing...")[1].strip()
+    view.show_messages(before + [answer(len(pieces))])
+    whole = view.toPlainText().split("regenerate")[1].strip()
+    assert streamed == whole and whole.startswith("Thinking") and "think>" not in whole
+    assert whole.endswith("12 × 7 = 84.")
+
+
 def test_a_follow_up_finds_the_conversation_cached(qtbot, make_window):
     """The second question's prompt begins with the first turn, which the models' caches still
     hold: the acceptance view says how much of the prompt was not read again."""

@@ -124,3 +124,42 @@ def test_single_dollar_math_converts_but_prices_stay_text():
     assert shown("Let $x^2$ and $y_1$ be given, $10 more.") == "Let x² and y₁ be given, $10 more."
     for prices in ("It costs $18 and $20 today.", "$5+$3 = $8", "between $1,000 and $2,000", "$ 5 and 6 $"):
         assert shown(prices) == prices
+
+
+THINKING = [tok("<think>"), tok("\nLet"), tok(" me"), tok(" add", "corrected"), tok(".\n\n"), tok("Two"), tok(" twos."),
+            tok("</think>"), tok("\n\nThe"), tok(" answer"), tok(" is"), tok(" 4", "bonus"), tok(".")]
+
+
+def test_a_reasoning_models_thinking_is_set_apart_with_its_tokens():
+    """Qwen3 and DeepSeek-R1's distillations think between <think> and </think> first: the
+    thinking shows indented under a label, its markers left out, every token still a link."""
+    html = answer_html(0, THINKING, RenderOptions(LIGHT))
+    assert "Thinking" in html and "&lt;think&gt;" not in html and "&lt;/think&gt;" not in html
+    thinking = html[html.index("<blockquote>"):html.index("</blockquote>")]
+    assert linked_text(thinking) == {1: "Let", 2: " me", 3: " add", 4: ".", 5: "Two", 6: " twos."}
+    assert linked_text(html[html.index("</blockquote>"):]) == {8: "The", 9: " answer", 10: " is", 11: " 4", 12: "."}
+    muted = answer_html(0, THINKING, RenderOptions(LIGHT, colouring=False))
+    assert f'href="tok:0:2" style="color:{LIGHT.muted}' in muted  # thinking muted where colours are off
+    assert f'href="tok:0:10" style="color:{LIGHT.text}' in muted
+    links = lambda part: re.findall(r"<a [^>]*>", part)
+    assert all("font-style:italic" in link for link in links(thinking))  # the thinking in italics ...
+    assert not any("font-style:italic" in link for link in links(html[html.index("</blockquote>"):]))  # ... only
+
+
+def test_thinking_renders_the_same_in_streamed_parts():
+    from app.ui.render import answer_part_html
+
+    text, owners = "".join(t.text for t in THINKING), token_owners(THINKING)
+    whole = answer_part_html(0, text, owners, THINKING, RenderOptions(LIGHT))
+    cut = text.index("Two")  # streaming cuts after a blank line: here inside the thinking
+    parts = (answer_part_html(0, text, owners, THINKING, RenderOptions(LIGHT), 0, cut)
+             + answer_part_html(0, text, owners, THINKING, RenderOptions(LIGHT), cut))
+    assert linked_text(parts) == linked_text(whole) and parts.count("Thinking") == 1
+    assert parts.count("<blockquote>") == 2  # each part's thinking in its own block
+
+
+def test_thinking_opened_by_the_prompt_and_think_tags_in_prose():
+    r1 = answer_html(0, THINKING[1:], RenderOptions(LIGHT))  # the template opened it: only </think>
+    assert "Thinking" in r1 and linked_text(r1[r1.index("<blockquote>"):r1.index("</blockquote>")])[0] == "Let"
+    prose = answer_html(0, [tok("Use"), tok(" <think>"), tok(" tags")], RenderOptions(LIGHT))
+    assert "Thinking" not in prose and "&lt;think&gt;" in prose

@@ -16,7 +16,7 @@ from PySide6.QtGui import QMouseEvent, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
 from ..chat.conversation import Message, TokenRecord
-from .render import (RenderOptions, body_start, code_blocks, markdown_html, message_header_html, message_html,
+from .render import (RenderOptions, answer_part_html, body_start, code_blocks, message_header_html, message_html,
                      parse_action, parse_href, unanswered_html)
 from .theme import SOURCE_HELP
 
@@ -174,9 +174,8 @@ class ChatView(QTextBrowser):
             stream.scanned = line_end
 
     def _part_html(self, stream: _Stream, answer: Message, start: int, end: int) -> str:
-        text = answer.content[start:end]
-        return markdown_html(stream.message_index, text, stream.owners[start:end], answer.tokens, self.options,
-                             first_code_block=stream.code_blocks)
+        return answer_part_html(stream.message_index, answer.content, stream.owners, answer.tokens, self.options,
+                                start, end, first_code_block=stream.code_blocks)
 
     def _keep_bottom(self, change) -> None:
         bar = self.verticalScrollBar()

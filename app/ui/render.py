@@ -36,6 +36,8 @@ MATH = re.compile(r"\\\((.{1,4000}?)\\\)|\\\[(.{1,4000}?)\\\]|\$\$(.{1,4000}?)\$
                   r"|\$(?![\s$])([^\n$]{1,400}?)(?<![\s\\])\$(?!\d)", re.DOTALL)
 MATH_OPEN = {1: "\\(", 2: "\\[", 3: "$$", 4: "$"}  # by the pattern's group
 MATH_CLOSE = {"\\(": "\\)", "\\[": "\\]", "$$": "$$", "$": "$"}
+# What reasoning models (Qwen3, DeepSeek-R1's distillations) write around their thinking
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def _math_rule(state: StateInline, silent: bool) -> bool:
@@ -98,10 +100,11 @@ class _Colourer(HTMLParser):
     """Re-emits markdown-it's HTML with each text run wrapped in its token's link."""
 
     def __init__(self, source: str, owners: list[int], message_index: int, tokens: list[TokenRecord],
-                 options: RenderOptions, first_code_block: int) -> None:
+                 options: RenderOptions, first_code_block: int, thinking: bool = False) -> None:
         super().__init__(convert_charrefs=True)
         self.source, self.owners, self.message_index = source, owners, message_index
         self.tokens, self.options, self.theme = tokens, options, options.theme
+        self.thinking = thinking  # a reasoning model's thinking: italic, and muted where provenance colours are off
         self.position = 0  # next source character to match
         self.out: list[str] = []
         self.in_link = self.in_pre = 0
@@ -225,9 +228,11 @@ class _Colourer(HTMLParser):
             if options.ghosts and token.rejected:
                 ghost = (f'<span style="color:{theme.muted};text-decoration:line-through">'
                          f"{escape(token.rejected)}</span>")
-        colour = theme.colour(token.source) if options.colouring else syntax_colour or theme.text
+        colour = theme.colour(token.source) if options.colouring else \
+            syntax_colour or (theme.muted if self.thinking else theme.text)
         underline = options.colouring and token.source is Source.CORRECTED
         weight = "font-weight:600;" if options.colouring and token.source is Source.BONUS else ""
+        weight += "font-style:italic;" if self.thinking else ""
         link = lambda text, decoration: (f'<a href="{token_href(self.message_index, index)}" '
                                          f'style="color:{colour};text-decoration:{decoration};{weight}">{text}</a>')
         lead = piece[: len(piece) - len(piece.lstrip())]
@@ -265,12 +270,51 @@ def _aligned(source: str, text: str) -> list[int]:
 
 
 def markdown_html(message_index: int, text: str, owners: list[int], tokens: list[TokenRecord],
-                  options: RenderOptions, first_code_block: int = 0) -> str:
-    """`text` (all or part of an answer) as HTML; owners[i] is the token of text[i]."""
-    colourer = _Colourer(text, owners, message_index, tokens, options, first_code_block)
+                  options: RenderOptions, first_code_block: int = 0, thinking: bool = False) -> str:
+    """`text` (a Markdown part of an answer) as HTML; owners[i] is the token of text[i]."""
+    colourer = _Colourer(text, owners, message_index, tokens, options, first_code_block, thinking)
     colourer.feed(MARKDOWN.render(text))
     colourer.close()
     return "".join(colourer.out)
+
+
+def thinking_span(text: str) -> tuple[int, int] | None:
+    """Where an answer's thinking lies (its text, without the markers): from a <think> that opens
+    the answer to its </think> (or the end, while it thinks), or from the start to a </think> alone
+    (DeepSeek-R1's template opens the thinking in the prompt). None: no thinking."""
+    opening = len(text) - len(text.lstrip())
+    if text.startswith(THINK_OPEN, opening):
+        start = opening + len(THINK_OPEN)
+        end = text.find(THINK_CLOSE, start)
+        return start, end if end >= 0 else len(text)
+    end = text.find(THINK_CLOSE)
+    return (0, end) if end >= 0 else None
+
+
+def answer_part_html(message_index: int, text: str, owners: list[int], tokens: list[TokenRecord],
+                     options: RenderOptions, start: int = 0, end: int | None = None, first_code_block: int = 0) -> str:
+    """text[start:end] of an answer as HTML (owners[i]: the token of text[i]): a reasoning model's
+    thinking goes in an indented block under a "Thinking" label, in italics (and muted where
+    provenance colours are off), its markers left out; the rest is rendered as it is."""
+    end = len(text) if end is None else end
+    span = thinking_span(text)
+    if span is None:
+        return markdown_html(message_index, text[start:end], owners[start:end], tokens, options, first_code_block)
+    think_start, think_end = span
+    close_end = min(think_end + len(THINK_CLOSE), len(text)) if text.startswith(THINK_CLOSE, think_end) else think_end
+    parts = []
+    code_block = first_code_block
+    for a, b, thinking in ((start, min(end, think_start), False), (max(start, think_start), min(end, think_end), True),
+                           (max(start, close_end), end, False)):
+        piece = text[a:b]
+        if thinking and start <= think_start < end:
+            parts.append(f'<p style="color:{options.theme.muted};margin:4px 0 0 0"><small>Thinking</small></p>')
+        if not piece.strip() or (not thinking and piece.strip() in (THINK_OPEN, THINK_CLOSE)):
+            continue
+        html = markdown_html(message_index, piece, owners[a:b], tokens, options, code_block, thinking=thinking)
+        parts.append(f"<blockquote>{html}</blockquote>" if thinking else html)
+        code_block += len(code_blocks(piece))
+    return "".join(parts)
 
 
 def code_blocks(text: str) -> list[str]:
@@ -279,7 +323,7 @@ def code_blocks(text: str) -> list[str]:
 
 
 def answer_html(message_index: int, tokens: list[TokenRecord], options: RenderOptions) -> str:
-    return markdown_html(message_index, "".join(t.text for t in tokens), token_owners(tokens), tokens, options)
+    return answer_part_html(message_index, "".join(t.text for t in tokens), token_owners(tokens), tokens, options)
 
 
 FINISH_TEXT = {FinishReason.STOP: "done", FinishReason.LENGTH: "length limit", FinishReason.CONTEXT: "context full",
