@@ -4,8 +4,7 @@ Mistral's sliding window, ...).
 
 transformers attends a verification's n new query rows in one call, whose order of operations
 changes with n: a verified token's logits could differ in their last bits from decoding it alone
-(1.4e-6 on a tiny Phi-3 model, and speculative output parted from plain output on 3 of 3 prompts
-of a Qwen3-shaped model before it ran lean), enough to flip a greedy near-tie. The implementations
+(by up to 1.4e-6 on a tiny Phi-3 model), enough to flip a greedy near-tie. The implementations
 here wrap the model's own (sdpa or eager): asked for `exact_rows`, they attend each row in its own
 call over the keys decoding it alone is handed (those up to it; a sliding window's only), with the
 mask decoding gets, as the lean decoder's rows are computed.
@@ -27,8 +26,9 @@ def use_exact_rows(model: torch.nn.Module) -> bool:
     name = model.config._attn_implementation
     if name in WRAPPED.values():
         return True
-    if name not in WRAPPED:
-        return False  # flash attention and others (GPU only): left as they are
+    if name not in WRAPPED or (name == "eager" and not hasattr(sys.modules[type(model).__module__],
+                                                                 "eager_attention_forward")):
+        return False  # flash attention and others (GPU only), or an eager one we cannot call: left as they are
     model.config._attn_implementation = WRAPPED[name]
     return True
 

@@ -1,6 +1,7 @@
 // The whole stack of Llama/Qwen2/Qwen3 decoder layers in one call: per layer RMSNorm, q/k/v
-// projections (Qwen3: each query and key head RMS-normalised), rotary embedding, the KV-cache write, causal attention, the output projection,
-// RMSNorm and the SwiGLU MLP, with the residual adds. In Python the same layer is about 30 tensor
+// projections (Qwen3: each query and key head RMS-normalised), rotary embedding, the KV-cache
+// write, causal attention, the output projection, RMSNorm and the SwiGLU MLP, with the residual
+// adds. In Python the same layer is about 30 tensor
 // operations whose dispatch cost (about 0.5 ms per layer on 2 cores) was a quarter of a low-bit
 // draft's pass; here it is a loop over raw buffers.
 //
