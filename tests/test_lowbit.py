@@ -21,7 +21,8 @@ FORMATS = [(4, 32, True, False, False), (8, 32, False, False, False), (8, 16, Fa
            (4, 16, True, False, False), (6, 16, True, True, False), (6, 32, True, True, False), (5, 32, True, False, False),
            (4, 32, False, False, False), (5, 32, False, False, False), (4, 32, False, True, False),
            (5, 32, False, True, False), (8, 32, False, True, False), (8, 16, False, True, False),
-           (4, 32, False, True, True), (4, 32, True, True, True), (3, 32, True, False, False), (2, 16, True, False, False)]
+           (4, 32, False, True, True), (4, 32, True, True, True), (3, 32, True, False, False), (2, 16, True, False, False),
+           (3, 16, True, True, False)]
 FORMAT_NAMES = ("bits", "group", "coded", "symmetric", "mapped")
 
 
@@ -181,9 +182,8 @@ def test_gguf_blocks_repack_to_the_same_weights(qtype):
     assert torch.equal(packing.dequantize(packed), expected)
     # about the GGUF's size: Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0 exactly, Q4_K 4.625 bits per
     # weight against 4.5 and Q5_K 5.625 against 5.5 (the kernel reads int8 codes where the K-quants
-    # pack 6 bits); Q2_K and Q3_K 2.625 and 3.4375 bits as 5.125 (4-bit groups of 16 with two codes
-    # each: the kernel has no 2- or 3-bit layout)
-    extra = {"Q2_K": 5.125 / 2.625, "Q3_K": 5.125 / 3.4375}.get(qtype.name, 1.03)
+    # pack 6 bits); Q2_K 2.625 bits as 3.125 and Q3_K 3.4375 as 3.5625 (the same int8 codes)
+    extra = {"Q2_K": 3.125 / 2.625, "Q3_K": 3.5625 / 3.4375}.get(qtype.name, 1.03)
     assert packed.nbytes <= data.nbytes * extra
 
 

@@ -4,7 +4,7 @@ The common block formats are all `w = scale * q - min` per group:
   Q4_K  4-bit q, scale = d*sc, min = dmin*m per 32   -> 4 bits, groups of 32, codes sc and m, steps d and dmin
   Q5_K  5-bit q, the same scales                      -> 5 bits, groups of 32, the same codes and steps
   Q6_K  6-bit q, w = d*sc*(q-32) per 16               -> 6 bits (symmetric, no min), groups of 16, codes sc, step d
-  Q3_K  3-bit q, w = d*sc*(q-4) per 16                -> 4 bits, groups of 16, codes sc and sc, steps d and 4d
+  Q3_K  3-bit q, w = d*sc*(q-4) per 16                -> 3 bits (symmetric), groups of 16, codes sc, step d
   Q2_K  2-bit q, w = d*sc*q - dmin*m per 16           -> 2 bits, groups of 16, codes sc and m, steps d and dmin
   Q4_0  4-bit q, w = d*(q-8) per 32                   -> 4 bits (symmetric), groups of 32, float16 scale d
   Q4_1  4-bit q, w = d*q + m per 32                   -> 4 bits, groups of 32, float16 scale d and min -m
@@ -15,9 +15,8 @@ The common block formats are all `w = scale * q - min` per group:
   IQ4_XS  the same values, w = d*(ls-32)*v per 32      -> 4 bits through the table, groups of 32, code ls-32, step d
 Other types (the 1-, 2- and 3-bit IQ formats; float tensors) are dequantized and quantized to 8
 bits, groups of 32.
-Every one of these keeps the block's own integers, codes and float16 numbers (4d, the one
-computed step, is exact in float16), so the weights are exact; the symmetric ones (w = scale *
-(q - 2^(bits-1))) store no min.
+Every one of these keeps the block's own integers, codes and float16 numbers, so the weights are
+exact; the symmetric ones (w = scale * (q - 2^(bits-1))) store no min.
 """
 from __future__ import annotations
 
@@ -75,9 +74,8 @@ def _q3_k(blocks: np.ndarray) -> Groups:
     sc = (low | (high << 4)).astype(np.int8) - 32
     ql = (blocks[:, 32:96].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
     qh = (blocks[:, 0:32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 0x01
-    q = ql.reshape(-1, 256) | (qh.reshape(-1, 256) << 2)  # w = d*sc*(q-4): scale d*sc, min 4d*sc
-    d = _half(blocks[:, 108:110])
-    return q, sc, sc, 4, 16, d, 4 * d
+    q = ql.reshape(-1, 256) | (qh.reshape(-1, 256) << 2)  # w = d*sc*(q-4): symmetric, scale d*sc
+    return q, sc, None, 3, 16, _half(blocks[:, 108:110]), None
 
 
 def _q6_k(blocks: np.ndarray) -> Groups:

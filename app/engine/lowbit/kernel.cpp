@@ -15,13 +15,15 @@
 //                                         (chunk 4h+j in bits 2j, 2j+1 of line C/2+h); 5-bit (G = 32
 //                                         only): the nibbles, then C/8 lines of top bits (chunk 8h+j
 //                                         in bit j of line C/2+h); 2-bit: C/4 lines of bit pairs
-//                                         (chunk 4p+j in bits 2j, 2j+1 of line p); 3-bit (G = 32
-//                                         only): those C/4 lines, then C/8 lines of top bits (chunk
-//                                         8h+j in bit j of line C/4+h).
+//                                         (chunk 4p+j in bits 2j, 2j+1 of line p); 3-bit: those C/4
+//                                         lines, then C/8 lines of top bits (chunk 8h+j in bit j of
+//                                         line C/4+h), for 8 chunks at a time: two groups of 16
+//                                         (GGUF's Q3_K) share one unit of 3 lines, the second's
+//                                         chunks after the first's.
 //   scale       [N/16, K/G, 16]    fp16 (plain: 8 bits; 4 and 5 bits with G = 32) or int8 codes
 //                                  (coded: 2, 3, 4, 5 and 6 bits)
-//   min         [N/16, K/G, 16]    as scale, or [N/16, K/G, 0] when symmetric (always for 6 bits; GGUF's
-//                                  Q4_0, Q5_0, Q8_0): min = 2^(bits-1) * scale
+//   min         [N/16, K/G, 16]    as scale, or [N/16, K/G, 0] when symmetric (always for 6 bits and
+//                                  3 bits with G = 16; GGUF's Q3_K, Q4_0, Q5_0, Q8_0): min = 2^(bits-1) * scale
 //   scale_step  [N/16, K/G/S, 16]  fp16: what a code of 1 stands for, per super-block of S groups
 //   min_step    [N/16, K/G/S, 16]  (both empty when plain; min_step empty for 6 bits)
 //   values      [N/16, 16] uint8   the 8-bit value each 4-bit integer stands for (GGUF's IQ4_NL and
@@ -56,9 +58,10 @@ struct Shape {
 };
 
 // Calls f(Shape<...>{}) for a weight of one of the formats the kernel has: coded 2, 3, 4 and 5 bits
-// with mins and 6 bits without; plain 4, 5 and 8 bits, with mins (GGUF's Q4_1, Q5_1) or without
-// (Q4_0, Q5_0, Q8_0); 4 bits through a table, plain (IQ4_NL) or coded (IQ4_XS), symmetric. 3- and
-// 5-bit, plain 4-bit and mapped weights come in groups of 32 only (check_params).
+// with mins and 6 bits without, and 3 bits in groups of 16 without (Q3_K); plain 4, 5 and 8 bits,
+// with mins (GGUF's Q4_1, Q5_1) or without (Q4_0, Q5_0, Q8_0); 4 bits through a table, plain
+// (IQ4_NL) or coded (IQ4_XS), symmetric. 5-bit, plain 4-bit and mapped weights come in groups of 32
+// only, 3-bit ones with mins too (check_params).
 template <typename F>
 void with_shape(int64_t bits, Format format, int64_t group, F&& f) {
 #define SPECCHAT_32(B, C, S, M) f(Shape<8, B, C, S, M>{})
@@ -66,7 +69,7 @@ void with_shape(int64_t bits, Format format, int64_t group, F&& f) {
   if (format.mapped) format.coded ? SPECCHAT_32(4, true, true, true) : SPECCHAT_32(4, false, true, true);
   else if (bits == 6) SPECCHAT_ANY(6, true, true, false);
   else if (format.coded && bits == 2) SPECCHAT_ANY(2, true, false, false);
-  else if (format.coded && bits == 3) SPECCHAT_32(3, true, false, false);
+  else if (format.coded && bits == 3) group == 32 ? SPECCHAT_32(3, true, false, false) : f(Shape<4, 3, true, true, false>{});
   else if (format.coded && bits == 4) SPECCHAT_ANY(4, true, false, false);
   else if (format.coded) SPECCHAT_32(5, true, false, false);
   else if (bits == 4) format.symmetric ? SPECCHAT_32(4, false, true, false) : SPECCHAT_32(4, false, false, false);
@@ -86,12 +89,16 @@ constexpr int64_t lines_per_group(int64_t chunks, int64_t bits) {
   return bits == 8 ? chunks : chunks * low_bits(bits) / 8 + chunks * top_bits(bits) / 8;
 }
 
+// Chunks one unit of lines holds: a group's, but 8 for 3 bits, whose top bits fill a line only for
+// 8 chunks (two groups of 16 share a unit; packing.layout_unit).
+constexpr int unit_chunks(int chunks, int bits) { return bits == 3 ? 8 : chunks; }
+
 // Checks the packed parameters; returns their format.
 Format check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
                     const at::Tensor& min_step, const at::Tensor& values, int64_t group, int64_t bits) {
   TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
   TORCH_CHECK(bits >= 2 && bits <= 8 && bits != 7, "bits must be 2, 3, 4, 5, 6 or 8");
-  TORCH_CHECK((bits != 3 && bits != 5) || group == 32, "3- and 5-bit weights come in groups of 32");
+  TORCH_CHECK(bits != 5 || group == 32, "5-bit weights come in groups of 32");
   const bool coded = scale.scalar_type() == at::kChar;
   TORCH_CHECK((coded || scale.scalar_type() == at::kHalf) && min.scalar_type() == scale.scalar_type(),
               "scales and mins must be float16 or int8 codes");
@@ -106,8 +113,9 @@ Format check_params(const at::Tensor& scale, const at::Tensor& min, const at::Te
   TORCH_CHECK(!mapped || (bits == 4 && group == 32 && symmetric && values.scalar_type() == at::kByte &&
                           values.size(0) == scale.size(0) && values.size(1) == kTile),
               "a table of values is for symmetric 4-bit weights in groups of 32, 16 uint8 values per tile");
-  TORCH_CHECK((mapped || bits == 6) ? symmetric : !coded || (!symmetric && min_step.numel() == scale_step.numel()),
-              "6-bit and mapped weights have no mins; coded 2- to 5-bit ones need their mins and steps");
+  const bool always_symmetric = mapped || bits == 6 || (bits == 3 && group == 16);
+  TORCH_CHECK(always_symmetric ? symmetric : !coded || (!symmetric && min_step.numel() == scale_step.numel()),
+              "6-bit, 3-bit groups of 16 and mapped weights have no mins; other coded 2- to 5-bit ones need their mins and steps");
   for (const at::Tensor& t : {scale, min, scale_step, min_step, values}) TORCH_CHECK(t.is_contiguous(), "packed tensors must be contiguous");
   return {coded, symmetric, mapped};
 }
@@ -208,14 +216,15 @@ template <int Tiles, int Rows, int Chunks, int Bits, bool Coded, bool Symmetric,
 __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_bytes, const TileParams& p0,
                                                 const TileParams& p1, int64_t groups, int64_t per_step, int pass,
                                                 int passes, const Activations& act, float* out, int64_t out_stride) {
-  constexpr int kLines = lines_per_group(Chunks, Bits);
+  constexpr int kUnitChunks = unit_chunks(Chunks, Bits), kGroupsPerUnit = kUnitChunks / Chunks;
+  constexpr int64_t kUnitBytes = lines_per_group(kUnitChunks, Bits) * 64, kGroupBytes = kUnitBytes / kGroupsPerUnit;
   constexpr int kValueBits = Mapped ? 8 : Bits;  // the width of what the integers stand for
   constexpr int32_t kOffset = 1 << (kValueBits - 1);  // symmetric: w = scale * (value - kOffset), no min stored
   // With one or two rows, a single accumulator per tile would chain every dot product of the
   // group on the previous one (latency bound); even and odd chunks then go to separate ones.
   constexpr int kChains = Rows <= 2 ? 2 : 1;
   constexpr int64_t kParamBytes = Coded ? 1 : 2;  // per output and group
-  constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytes / (kLines * 64));  // in groups
+  constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytes / kGroupBytes);  // in groups
   const uint8_t* q1 = q + tile_bytes;
   __m512 acc0[Rows], acc1[Rows];
   for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();  // acc1 unused with one tile
@@ -254,11 +263,11 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
       const int64_t tile_params = groups * kTile * kParamBytes;
       const bool own = Tiles == 1 || g_ahead < groups;  // tile 0's stream still in this pair
       const int64_t at = own ? g_ahead : g_ahead - groups;  // group in the tile the streams reach
-      const uint8_t* lines0 = (own ? q : q + 3 * tile_bytes) + at * kLines * 64;
-      const uint8_t* lines1 = q1 + g_ahead * kLines * 64;
-      for (int line = 0; line < kLines; ++line) {
-        fetch(lines0 + line * 64);
-        if constexpr (Tiles == 2) fetch(lines1 + line * 64);
+      const uint8_t* lines0 = (own ? q : q + 3 * tile_bytes) + at * kGroupBytes;
+      const uint8_t* lines1 = q1 + g_ahead * kGroupBytes;
+      for (int64_t line = 0; line < kGroupBytes; line += 64) {
+        fetch(lines0 + line);
+        if constexpr (Tiles == 2) fetch(lines1 + line);
       }
       if ((at * kTile * kParamBytes) % 64 == 0) {  // a new cache line of scales (and mins)
         const int64_t at0 = (own ? 0 : 3 * tile_params) + at * kTile * kParamBytes;
@@ -285,14 +294,15 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
       }
     }
     const int8_t* a = act.q + g * Chunks * 4;
-    const uint8_t* lines0 = q + g * kLines * 64;
-    const uint8_t* lines1 = q1 + g * kLines * 64;
-    // One chunk's products for every row (a macro, so that the loop below can be unrolled for 5
-    // bits alone and the other widths compile exactly as they were measured).
-#define SPECCHAT_CHUNK_PRODUCTS                                                      \
-  {                                                                                  \
-    const __m512i w0 = chunk_weights<Chunks, Bits, Mapped>(lines0, chunk, table0);   \
-    const __m512i w1 = Tiles == 2 ? chunk_weights<Chunks, Bits, Mapped>(lines1, chunk, table1) : w0; \
+    const uint8_t* lines0 = q + g / kGroupsPerUnit * kUnitBytes;  // the group's unit
+    const uint8_t* lines1 = q1 + g / kGroupsPerUnit * kUnitBytes;
+    // One chunk's products for every row, the chunk FIRST + chunk of its unit (a macro, so that
+    // the loop below can be unrolled for 5 bits alone and the other widths compile exactly as they
+    // were measured).
+#define SPECCHAT_CHUNK_PRODUCTS(FIRST)                                                                      \
+  {                                                                                                         \
+    const __m512i w0 = chunk_weights<kUnitChunks, Bits, Mapped>(lines0, (FIRST) + chunk, table0);           \
+    const __m512i w1 = Tiles == 2 ? chunk_weights<kUnitChunks, Bits, Mapped>(lines1, (FIRST) + chunk, table1) : w0; \
     const int chain = chunk % kChains;                                               \
     for (int r = 0; r < Rows; ++r) {                                                 \
       const __m512i word = broadcast4(a + r * act.k + 4 * chunk);                    \
@@ -300,14 +310,25 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
       if constexpr (Tiles == 2) dot1[chain][r] = _mm512_dpbusd_epi32(dot1[chain][r], w1, word); \
     }                                                                                \
   }
-    if constexpr (Bits == 5 || Bits < 4) {
-      // Unrolled, so that each chunk's shifts are constants: GCC kept this loop rolled, and 64
-      // rows took 1.21-1.26x the 4-bit time instead of 1.02-1.11x (three alternating runs, 5 bits)
-#pragma GCC unroll 8
-      for (int chunk = 0; chunk < Chunks; ++chunk) SPECCHAT_CHUNK_PRODUCTS
+    // Unrolled below 4 bits and for 5, so that each chunk's shifts are constants: GCC kept this
+    // loop rolled, and 64 rows took 1.21-1.26x the 4-bit time instead of 1.02-1.11x (three
+    // alternating runs, 5 bits). The second group of 16 in a 3-bit unit takes its chunks 4-7.
+#define SPECCHAT_CHUNK_LOOP(FIRST)                                                      \
+  if constexpr (Bits == 5 || Bits < 4) {                                                \
+    _Pragma("GCC unroll 8") for (int chunk = 0; chunk < Chunks; ++chunk) SPECCHAT_CHUNK_PRODUCTS(FIRST) \
+  } else {                                                                              \
+    for (int chunk = 0; chunk < Chunks; ++chunk) SPECCHAT_CHUNK_PRODUCTS(FIRST)         \
+  }
+    if constexpr (kGroupsPerUnit == 2) {
+      if (g % 2) {
+        SPECCHAT_CHUNK_LOOP(Chunks)
+      } else {
+        SPECCHAT_CHUNK_LOOP(0)
+      }
     } else {
-      for (int chunk = 0; chunk < Chunks; ++chunk) SPECCHAT_CHUNK_PRODUCTS
+      SPECCHAT_CHUNK_LOOP(0)
     }
+#undef SPECCHAT_CHUNK_LOOP
 #undef SPECCHAT_CHUNK_PRODUCTS
     for (int c = 1; c < kChains; ++c) {
       for (int r = 0; r < Rows; ++r) {
@@ -511,10 +532,11 @@ inline __m256 group_values(const void* values, __m256 step, int64_t g, int half)
 template <int Rows, int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                                            const Activations& act, float* out, int64_t out_stride) {
-  constexpr int kLines = lines_per_group(Chunks, Bits);
+  constexpr int kUnitChunks = unit_chunks(Chunks, Bits), kGroupsPerUnit = kUnitChunks / Chunks;
+  constexpr int64_t kUnitBytes = lines_per_group(kUnitChunks, Bits) * 64, kGroupBytes = kUnitBytes / kGroupsPerUnit;
   constexpr int kValueBits = Mapped ? 8 : Bits;  // the width of what the integers stand for
   constexpr int32_t kOffset = 1 << (kValueBits - 1);  // symmetric: w = scale * (value - kOffset), no min stored
-  constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytesL2 / (kLines * 64));  // in groups
+  constexpr int64_t kAhead = std::max<int64_t>(1, kAheadBytesL2 / kGroupBytes);  // in groups
   const __m256i table = value_table(tile.values);
   __m256 acc[Rows][2];
   for (int r = 0; r < Rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -529,8 +551,11 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
         }
       }
     }
-    const uint8_t* lines = q + g * kLines * 64;
-    for (int line = 0; line < kLines; ++line) _mm_prefetch(reinterpret_cast<const char*>(lines + kAhead * kLines * 64 + line * 64), _MM_HINT_T1);
+    const uint8_t* lines = q + g / kGroupsPerUnit * kUnitBytes;  // the group's unit
+    const int first = g % kGroupsPerUnit * Chunks;  // its first chunk there
+    for (int64_t line = 0; line < kGroupBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + (g + kAhead) * kGroupBytes + line), _MM_HINT_T1);
+    }
     int32_t start[Rows];
     for (int r = 0; r < Rows; ++r) {
       // Symmetric weights start at -kOffset * (sum of the activations); without VNNI 8-bit ones
@@ -547,8 +572,8 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
     __m256i pairs[Rows][2];  // 16-bit sums of the chunks since the last widening
 #endif
     for (int chunk = 0; chunk < Chunks; ++chunk) {
-      const __m256i w0 = chunk_weights<Chunks, Bits, Mapped>(lines, chunk, 0, table);
-      const __m256i w1 = chunk_weights<Chunks, Bits, Mapped>(lines, chunk, 1, table);
+      const __m256i w0 = chunk_weights<kUnitChunks, Bits, Mapped>(lines, first + chunk, 0, table);
+      const __m256i w1 = chunk_weights<kUnitChunks, Bits, Mapped>(lines, first + chunk, 1, table);
       for (int r = 0; r < Rows; ++r) {
         int32_t word;
         std::memcpy(&word, a + r * act.k + 4 * chunk, 4);
@@ -715,7 +740,8 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
   const Format format = check_params(scale, min, scale_step, min_step, values, group, bits);
   const int64_t tiles = scale.size(0), groups = scale.size(1), k = groups * group, chunks = group / 4;
   const int64_t tile_bytes = q.numel() / tiles;
-  const int64_t lines = lines_per_group(chunks, bits);
+  const int64_t unit = unit_chunks(static_cast<int>(chunks), static_cast<int>(bits)), per_unit = unit / chunks;
+  const int64_t unit_lines = lines_per_group(unit, bits);
   ids = ids.contiguous().to(at::kLong);
   at::Tensor out = at::empty({ids.numel(), k}, at::kFloat);
   const int64_t* id = ids.data_ptr<int64_t>();
@@ -737,20 +763,21 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
       // symmetric weights: their min is 2^(value bits - 1) * scale, as packing.group_params has it
       const float m = format.symmetric ? static_cast<float>(1 << ((format.mapped ? 8 : bits) - 1)) * s
                                        : value_of(static_cast<const uint8_t*>(p.min), p.min_step, g, lane);
-      const uint8_t* group_lines = q_ptr + tile * tile_bytes + g * lines * kTile * 4 + lane * 4;
+      const uint8_t* unit_lines_at = q_ptr + tile * tile_bytes + g / per_unit * unit_lines * kTile * 4 + lane * 4;
       for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t u = g % per_unit * chunks + c;  // the chunk's place in its unit
         for (int64_t b = 0; b < 4; ++b) {
           uint8_t value;
           if (bits == 8) {
-            value = group_lines[c * kTile * 4 + b];
+            value = unit_lines_at[u * kTile * 4 + b];
           } else {
             const int low = low_bits(static_cast<int>(bits)), top = top_bits(static_cast<int>(bits));
-            const uint8_t byte = group_lines[(c / (8 / low)) * kTile * 4 + b];
-            value = (byte >> (low * (c % (8 / low)))) & ((1 << low) - 1);
+            const uint8_t byte = unit_lines_at[(u / (8 / low)) * kTile * 4 + b];
+            value = (byte >> (low * (u % (8 / low)))) & ((1 << low) - 1);
             if (top > 0) {  // the chunk's top bits, from the lines after the low bits
               const int64_t per_line = 8 / top;
-              const uint8_t tops = group_lines[(chunks * low / 8 + c / per_line) * kTile * 4 + b];
-              value |= ((tops >> (top * (c % per_line))) & ((1 << top) - 1)) << low;
+              const uint8_t tops = unit_lines_at[(unit * low / 8 + u / per_line) * kTile * 4 + b];
+              value |= ((tops >> (top * (u % per_line))) & ((1 << top) - 1)) << low;
             }
             if (format.mapped) value = p.values[value];  // the tile's table
           }

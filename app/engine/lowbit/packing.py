@@ -2,7 +2,8 @@
 
 A weight [N, K] is stored as unsigned integers q (2, 3, 4, 5, 6 or 8 bits) with a scale and a min
 per group of `group` inputs: w = scale * q - min. Symmetric weights (w = scale * (q - 2^(bits-1)):
-6 bits always, as GGUF's Q6_K; plain 4, 5 and 8 bits as Q4_0, Q5_0 and Q8_0) store no min.
+6 bits always, as GGUF's Q6_K; 3 bits in groups of 16 as Q3_K; plain 4, 5 and 8 bits as Q4_0,
+Q5_0 and Q8_0) store no min.
 4-bit integers may also stand for 16 chosen 8-bit values (a table per tile, as GGUF's non-linear
 IQ4_NL and IQ4_XS): w = scale * (values[q] - 128), symmetric.
 
@@ -10,9 +11,10 @@ Each group's scale and min are either float16 ("plain" parameters: 8 bits, and 4
 groups of 32, as GGUF's Q4_0, Q4_1, Q5_0 and Q5_1 blocks store them: 4.5 to 6 bits per weight), or
 int8 codes times a float16 step per super-block of groups (256 inputs where K allows), as GGUF's
 K-quants store them ("coded": 2 to 6 bits, where float16 would cost a whole bit per weight:
-3.125 bits per weight for 2-bit groups of 16, 3.625 for 3-bit groups of 32, 4.625 for 4-bit
-groups of 32, 5.625 for 5-bit groups of 32, 6.5625 for 6-bit groups of 16). GGUF's Q2_K, Q4_0,
-Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are all of these forms, so they repack
+3.125 bits per weight for 2-bit groups of 16, 3.5625 for symmetric 3-bit groups of 16, 3.625 for
+3-bit groups of 32, 4.625 for 4-bit groups of 32, 5.625 for 5-bit groups of 32, 6.5625 for 6-bit
+groups of 16). GGUF's Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 blocks are all
+of these forms, so they repack
 without changing a single weight (see gguf_weights.py); float weights are quantized into the
 coded forms (8 bits: plain; 3 bits, a cheaper draft's feed-forward layers).
 
@@ -36,8 +38,9 @@ CODE_MAX = 127
 
 @dataclass
 class PackedWeight:
-    # uint8 [N/16, K/group, lines, 16, 4]: lines = chunks (8-bit), chunks/4 (2-bit), 3*chunks/8 (3-bit),
-    # chunks/2 (4-bit), 5*chunks/8 (5-bit), 3*chunks/4 (6-bit)
+    # uint8 [N/16, K/unit, lines, 16, 4] in units of lines of `unit` inputs (layout_unit: the
+    # group, but for 3 bits always 32: two groups of 16 share theirs); lines = chunks (8-bit),
+    # chunks/4 (2-bit), 3*chunks/8 (3-bit), chunks/2 (4-bit), 5*chunks/8 (5-bit), 3*chunks/4 (6-bit)
     q: torch.Tensor
     scale: torch.Tensor  # [N/16, K/group, 16]: float16 (plain) or int8 codes (coded)
     min: torch.Tensor  # as scale; [N/16, K/group, 0] when symmetric
@@ -89,6 +92,12 @@ class PackedWeight:
         return PackedWeight(*(t[index] for t in self.tensors().values()), bits=self.bits, group=self.group)
 
 
+def layout_unit(bits: int, group: int) -> int:
+    """The inputs one unit of lines covers: the group, but 32 for 3 bits, whose top bits fill a
+    line only for 8 chunks (two groups of 16 share a unit, the second's chunks after the first's)."""
+    return 32 if bits == 3 else group
+
+
 def super_block_groups(in_features: int, group: int) -> int:
     """Groups per super-block: 256 inputs as GGUF's K-quants, or fewer where K is not a multiple."""
     return math.gcd(in_features, 256) // group  # K is a multiple of the group, a power of two
@@ -108,12 +117,14 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
         raise ValueError("a table of 16 values is for symmetric 4-bit weights in groups of 32")
     if bits in ALWAYS_SYMMETRIC and min_ is not None:
         raise ValueError(f"{bits}-bit weights have no min")
-    if coded and min_ is None and bits not in ALWAYS_SYMMETRIC and values is None:
+    if coded and min_ is None and bits not in ALWAYS_SYMMETRIC and values is None and (bits, group) != (3, 16):
         raise ValueError(f"{bits}-bit weights need a min")
+    if (bits, group) == (3, 16) and min_ is not None:
+        raise ValueError("3-bit weights in groups of 16 are symmetric (GGUF's Q3_K)")
     if bits not in (CODED_BITS if coded else PLAIN_BITS):
         raise ValueError(f"{bits}-bit weights {'have no' if coded else 'need'} steps per super-block")
     n, k = q.shape
-    if k % group or group not in (16, 32) or (bits in (3, 5) and group != 32) \
+    if k % layout_unit(bits, group) or group not in (16, 32) or (bits == 5 and group != 32) \
             or (not coded and bits < 8 and group != 32):
         raise ValueError(f"cannot pack a [{n}, {k}] weight in {bits} bits with groups of {group}"
                          f"{'' if coded else ' and float16 scales'}")
@@ -123,8 +134,8 @@ def pack(q: torch.Tensor, scale: torch.Tensor, min_: torch.Tensor | None, bits: 
     padded = lambda t: None if t is None else torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
     q, scale, min_, scale_step, min_step = map(padded, (q, scale, min_, scale_step, min_step))
     n += pad
-    chunks = group // 4
-    tiled = q.to(torch.uint8).reshape(n // TILE, TILE, k // group, chunks, 4).permute(0, 2, 3, 1, 4)
+    unit = layout_unit(bits, group)
+    tiled = q.to(torch.uint8).reshape(n // TILE, TILE, k // unit, unit // 4, 4).permute(0, 2, 3, 1, 4)
     if bits < 8:  # the low bits of chunk (8 / low) p + j in line p from bit j * low, then the top bits alike
         low = _low_bits(bits)
         lines = [_bit_fields(tiled & ((1 << low) - 1), low)]
@@ -180,7 +191,7 @@ def unpack(weight: PackedWeight) -> torch.Tensor:
     tiled = weight.q
     if weight.bits < 8:
         low = _low_bits(weight.bits)
-        low_lines = weight.group // 4 * low // 8
+        low_lines = layout_unit(weight.bits, weight.group) // 4 * low // 8
         values = _fields(tiled[:, :, :low_lines], low)
         if weight.bits > low:
             values = values | (_fields(tiled[:, :, low_lines:], weight.bits - low) << low)

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
 
 LAYOUT = "lowbit.json"
 WEIGHTS = "lowbit.safetensors"
-FORMAT = 8  # bump when the packed layout changes, so old caches are rebuilt (4: coded 4- and 6-bit scales; 5: Q5_K in 5 bits;
+FORMAT = 9  # bump when the packed layout changes, so old caches are rebuilt (4: coded 4- and 6-bit scales; 5: Q5_K in 5 bits;
 # 6: Q4_0, Q4_1, Q5_0 and Q5_1 in 4 and 5 bits; 7: Q4_0, Q5_0 and Q8_0 symmetric, no min stored, and
-# IQ4_NL and IQ4_XS in 4 bits through a table of values; 8: Q2_K in 2 bits)
+# IQ4_NL and IQ4_XS in 4 bits through a table of values; 8: Q2_K in 2 bits; 9: Q3_K in 3 bits)
 
 
 def is_complete(folder: Path) -> bool:
