@@ -359,6 +359,14 @@ def test_copy_message_and_code_block(qtbot, make_window):
     assert QApplication.clipboard().text() == window.conversation.messages[0].content
     window.on_message_action("copycode", 0, 0)
     assert QApplication.clipboard().text() == "print(1)\n"
+    # an answer is copied without a reasoning model's thinking, unless it is all there is so far
+    window.conversation.messages.append(Message("assistant", "<think>\nTwo twos.\n</think>\n\n2 × 2 = **4**."))
+    window.on_message_action("copy", 1, 0)
+    assert QApplication.clipboard().text() == "2 × 2 = **4**."
+    window.conversation.messages.append(Message("user", "again"))
+    window.conversation.messages.append(Message("assistant", "<think>\nStill thinking"))
+    window.on_message_action("copy", 3, 0)
+    assert QApplication.clipboard().text() == "<think>\nStill thinking"
 
 
 def test_system_prompt_reaches_the_model_and_is_saved(qtbot, make_window):

@@ -23,7 +23,7 @@ from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
 from .controls import ControlsPanel
-from .render import RenderOptions, code_blocks
+from .render import RenderOptions, code_blocks, without_thinking
 from .theme import RESOURCES, SOURCE_HELP, THEMES
 from .worker import GenerationWorker, Loader
 
@@ -508,7 +508,12 @@ class MainWindow(QMainWindow):
     def copy_last_answer(self) -> None:
         answer = self.session.last_answer()
         if answer is not None:
-            self.copy_text(answer.content, "answer")
+            self.copy_answer(answer.content)
+
+    def copy_answer(self, content: str) -> None:
+        """An answer without a reasoning model's thinking, as the reader wants it elsewhere."""
+        answer = without_thinking(content)
+        self.copy_text(answer, "answer" if answer == content else "answer (its thinking left out)")
 
     def copy_last_code(self) -> None:
         answers = [m for m in self.conversation.messages if m.role == "assistant" and code_blocks(m.content)]
@@ -524,7 +529,9 @@ class MainWindow(QMainWindow):
         if index >= len(self.conversation.messages):
             return
         message = self.conversation.messages[index]
-        if action == "copy":
+        if action == "copy" and message.role == "assistant":
+            self.copy_answer(message.content)
+        elif action == "copy":
             self.copy_text(message.content, "message")
         elif action == "copycode":
             blocks = code_blocks(message.content)

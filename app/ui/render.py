@@ -291,6 +291,14 @@ def thinking_span(text: str) -> tuple[int, int] | None:
     return (0, end) if end >= 0 else None
 
 
+def without_thinking(text: str) -> str:
+    """An answer as copied: its thinking left out (kept while the model is still thinking)."""
+    span = thinking_span(text)
+    if span is None or not text.startswith(THINK_CLOSE, span[1]):
+        return text
+    return text[span[1] + len(THINK_CLOSE):].lstrip("\n")
+
+
 def answer_part_html(message_index: int, text: str, owners: list[int], tokens: list[TokenRecord],
                      options: RenderOptions, start: int = 0, end: int | None = None, first_code_block: int = 0) -> str:
     """text[start:end] of an answer as HTML (owners[i]: the token of text[i]): a reasoning model's
