@@ -15,7 +15,7 @@ from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model, wide_low_bit
 
 # bits, group, coded (int8 codes times float16 steps; else float16 per group, as GGUF's Q4_0, Q4_1,
-# Q5_0, Q5_1 and Q8_0), symmetric (no min: w = scale * (q - 2^(bits-1)), as Q6_K, Q4_0, Q5_0, Q8_0),
+# Q5_0, Q5_1 and Q8_0), symmetric (no min: w = scale * (q - 2^(bits-1)), as Q3_K, Q6_K, Q4_0, Q5_0, Q8_0),
 # mapped (4-bit integers stand for IQ4_NL's 16 values: as IQ4_NL plain, IQ4_XS coded)
 FORMATS = [(4, 32, True, False, False), (8, 32, False, False, False), (8, 16, False, False, False),
            (4, 16, True, False, False), (6, 16, True, True, False), (6, 32, True, True, False), (5, 32, True, False, False),
