@@ -159,7 +159,10 @@ def test_thinking_renders_the_same_in_streamed_parts():
 
 
 def test_thinking_opened_by_the_prompt_and_think_tags_in_prose():
-    r1 = answer_html(0, THINKING[1:], RenderOptions(LIGHT))  # the template opened it: only </think>
-    assert "Thinking" in r1 and linked_text(r1[r1.index("<blockquote>"):r1.index("</blockquote>")])[0] == "Let"
-    prose = answer_html(0, [tok("Use"), tok(" <think>"), tok(" tags")], RenderOptions(LIGHT))
-    assert "Thinking" not in prose and "&lt;think&gt;" in prose
+    r1_tokens = [tok("Let"), tok(" me"), tok(" add."), tok("\n"), tok("</think>"), tok("\n\nThe"), tok(" answer.")]
+    r1 = answer_html(0, r1_tokens, RenderOptions(LIGHT))  # the template opened it: only a </think> on its own line
+    assert "Thinking" in r1 and linked_text(r1[r1.index("<blockquote>"):r1.index("</blockquote>")]) == {
+        0: "Let", 1: " me", 2: " add."}
+    assert linked_text(r1[r1.index("</blockquote>"):]) == {5: "The", 6: " answer."}
+    prose = answer_html(0, [tok("Use"), tok(" <think>"), tok(" and"), tok(" </think>"), tok(" tags")], RenderOptions(LIGHT))
+    assert "Thinking" not in prose and "&lt;think&gt;" in prose and "&lt;/think&gt;" in prose

@@ -280,15 +280,16 @@ def markdown_html(message_index: int, text: str, owners: list[int], tokens: list
 
 def thinking_span(text: str) -> tuple[int, int] | None:
     """Where an answer's thinking lies (its text, without the markers): from a <think> that opens
-    the answer to its </think> (or the end, while it thinks), or from the start to a </think> alone
-    (DeepSeek-R1's template opens the thinking in the prompt). None: no thinking."""
+    the answer to its </think> (or the end, while it thinks), or from the start to a </think> that
+    begins a line (DeepSeek-R1's template opens the thinking in the prompt; a </think> within a
+    line is an answer's mention of the tag). None: no thinking."""
     opening = len(text) - len(text.lstrip())
     if text.startswith(THINK_OPEN, opening):
         start = opening + len(THINK_OPEN)
         end = text.find(THINK_CLOSE, start)
         return start, end if end >= 0 else len(text)
-    end = text.find(THINK_CLOSE)
-    return (0, end) if end >= 0 else None
+    end = text.find("\n" + THINK_CLOSE)
+    return (0, end + 1) if end >= 0 else None
 
 
 def without_thinking(text: str) -> str:
