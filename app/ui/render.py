@@ -309,20 +309,19 @@ def answer_part_html(message_index: int, text: str, owners: list[int], tokens: l
     span = thinking_span(text)
     if span is None:
         return markdown_html(message_index, text[start:end], owners[start:end], tokens, options, first_code_block)
-    think_start, think_end = span
-    close_end = min(think_end + len(THINK_CLOSE), len(text)) if text.startswith(THINK_CLOSE, think_end) else think_end
+    think_start, think_end = span  # before the thinking: at most blanks and its opening marker
+    answer_start = think_end + len(THINK_CLOSE) if text.startswith(THINK_CLOSE, think_end) else think_end
     parts = []
-    code_block = first_code_block
-    for a, b, thinking in ((start, min(end, think_start), False), (max(start, think_start), min(end, think_end), True),
-                           (max(start, close_end), end, False)):
-        piece = text[a:b]
-        if thinking and start <= think_start < end:
-            parts.append(f'<p style="color:{options.theme.muted};margin:4px 0 0 0"><small>Thinking</small></p>')
-        if not piece.strip() or (not thinking and piece.strip() in (THINK_OPEN, THINK_CLOSE)):
-            continue
-        html = markdown_html(message_index, piece, owners[a:b], tokens, options, code_block, thinking=thinking)
-        parts.append(f"<blockquote>{html}</blockquote>" if thinking else html)
-        code_block += len(code_blocks(piece))
+    if start <= think_start < end:
+        parts.append(f'<p style="color:{options.theme.muted};margin:4px 0 0 0"><small>Thinking</small></p>')
+    a, b = max(start, think_start), min(end, think_end)
+    if text[a:b].strip():
+        thinking = markdown_html(message_index, text[a:b], owners[a:b], tokens, options, first_code_block, thinking=True)
+        parts.append(f"<blockquote>{thinking}</blockquote>")
+        first_code_block += len(code_blocks(text[a:b]))
+    a = max(start, answer_start)
+    if text[a:end].strip():
+        parts.append(markdown_html(message_index, text[a:end], owners[a:end], tokens, options, first_code_block))
     return "".join(parts)
 
 
