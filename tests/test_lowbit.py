@@ -195,63 +195,57 @@ def test_gguf_rows_follow_the_architecture_order():
     assert torch.equal(packing.dequantize(packed_from_gguf(data, qtype, (32, 64), order)), straight.flip(0))
 
 
-def write_tiny_qwen3_gguf(path, layers=2, width=64, inner=128, heads=4, kv_heads=2, head_dim=16, vocabulary=96):
-    """A Qwen3 GGUF in Q8_0 whose heads are narrower than Qwen3's usual 128; returns its head norms."""
-    import gguf
+def write_tiny_gguf(path, architecture, layers=2, width=64, inner=128, heads=4, kv_heads=2, head_dim=16,
+                    vocabulary=96, **settings):
+    """A GGUF in Q8_0 whose heads are narrower than the architecture's usual ones; returns each
+    layer's norms as the file stores them ({GGUF name: float32 array})."""
     from gguf.quants import quantize
 
+    from app.engine.lowbit import gguf_writing
+
     rng = np.random.default_rng(0)
-    weight = lambda *shape: quantize((rng.standard_normal(shape) * 0.2).astype(np.float32), GGMLQuantizationType.Q8_0)
-    norm = lambda n: (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
-    writer = gguf.GGUFWriter(str(path), "qwen3")
-    writer.add_context_length(256)
-    writer.add_embedding_length(width)
-    writer.add_block_count(layers)
-    writer.add_feed_forward_length(inner)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_vocab_size(vocabulary)
-    q8 = {"raw_dtype": GGMLQuantizationType.Q8_0}
-    writer.add_tensor("token_embd.weight", weight(vocabulary, width), **q8)
-    writer.add_tensor("output.weight", weight(vocabulary, width), **q8)
-    writer.add_tensor("output_norm.weight", norm(width))
-    head_norms = []
-    for i in range(layers):
-        head_norms.append((norm(head_dim), norm(head_dim)))
-        for name, tensor in [("attn_norm", norm(width)), ("ffn_norm", norm(width)),
-                             ("attn_q_norm", head_norms[-1][0]), ("attn_k_norm", head_norms[-1][1])]:
-            writer.add_tensor(f"blk.{i}.{name}.weight", tensor)
-        for name, shape in [("attn_q", (heads * head_dim, width)), ("attn_k", (kv_heads * head_dim, width)),
-                            ("attn_v", (kv_heads * head_dim, width)), ("attn_output", (width, heads * head_dim)),
-                            ("ffn_gate", (inner, width)), ("ffn_up", (inner, width)), ("ffn_down", (width, inner))]:
-            writer.add_tensor(f"blk.{i}.{name}.weight", weight(*shape), **q8)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return head_norms
+    weight = lambda shape: (quantize((rng.standard_normal(shape) * 0.2).astype(np.float32), GGMLQuantizationType.Q8_0),
+                            GGMLQuantizationType.Q8_0)
+    norms = []
+    norm = lambda n: norms.append((1 + 0.3 * rng.standard_normal(n)).astype(np.float32)) or norms[-1]
+    shape = gguf_writing.Shape(layers, width, inner, heads, kv_heads, head_dim, vocabulary, rope_base=10000.0,
+                               context=256, **settings)
+    gguf_writing.write(path, architecture, shape, weight, norm, tied=False)
+    per_layer = 2 + len(gguf_writing.EXTRA_NORMS[architecture])
+    names = ["attn_norm", "ffn_norm", *gguf_writing.EXTRA_NORMS[architecture]]
+    return [dict(zip(names, norms[1 + i * per_layer: 1 + (i + 1) * per_layer])) for i in range(layers)]
 
 
-def test_a_qwen3_gguf_loads_low_bit_and_runs_lean(tmp_path):
-    """A Qwen3 GGUF's blocks load as they are, with the file's width per head (transformers'
-    reading keeps Qwen3's default of 128) and its head norms, and the stored copy runs through the
-    lean decoder as transformers' forward computes it."""
+@pytest.mark.parametrize("architecture", ["qwen3", "gemma3"])
+def test_a_qwen3_or_gemma3_gguf_loads_low_bit_and_runs_lean(tmp_path, architecture):
+    """A Qwen3 or Gemma 3 GGUF's blocks load as they are, with the file's width per head
+    (transformers' reading keeps Qwen3's default of 128 and Gemma 3's of 256) and its head norms,
+    and the stored copy runs through the lean decoder as transformers' forward computes it. Gemma
+    3: its norms as 1 + the weight (the file stores the sum), its embeddings scaled by the width's
+    square root, queries scaled by the head width as llama.cpp reads the file, the global layers'
+    linear rotary scaling, and a sliding window of 8 on its local layer."""
     from app.engine import lean_decoder
     from app.engine.cached_model import CachedModel, cached
     from app.engine.lowbit import skeleton, store
     from app.engine.lowbit.loader import load_gguf_lowbit
+    from app.engine.lowbit.modules import LowBitEmbedding
 
-    head_norms = write_tiny_qwen3_gguf(tmp_path / "tiny.gguf")
+    gemma = architecture == "gemma3"
+    settings = {"sliding_window": 8, "rope_linear_factor": 8.0} if gemma else {}
+    norms = write_tiny_gguf(tmp_path / "tiny.gguf", architecture, **settings)
     model = load_gguf_lowbit(tmp_path / "tiny.gguf")
-    assert model.config.model_type == "qwen3" and model.config.head_dim == 16
+    assert model.config.model_type == ("gemma3_text" if gemma else "qwen3") and model.config.head_dim == 16
     assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    for layer, (q_norm, k_norm) in zip(model.model.layers, head_norms):
-        assert torch.equal(layer.self_attn.q_norm.weight, torch.from_numpy(q_norm))
-        assert torch.equal(layer.self_attn.k_norm.weight, torch.from_numpy(k_norm))
+    offset = 1.0 if gemma else 0.0
+    for layer, stored in zip(model.model.layers, norms):
+        assert torch.equal(layer.self_attn.q_norm.weight, torch.from_numpy(stored["attn_q_norm"]) - offset)
+        assert torch.equal(layer.self_attn.k_norm.weight, torch.from_numpy(stored["attn_k_norm"]) - offset)
+    if gemma:
+        assert isinstance(model.model.embed_tokens, LowBitEmbedding) and model.model.embed_tokens.scalar_embed_scale == 8.0
+        assert model.config.query_pre_attn_scalar == 16 and model.config.sliding_window == 8
+        assert model.config.rope_parameters["full_attention"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}
+        assert torch.equal(model.model.layers[0].post_feedforward_layernorm.weight,
+                           torch.from_numpy(norms[0]["post_ffw_norm"]) - 1)
     store.save(model, tiny_model(1).tokenizer, tmp_path / "stored")
     loaded, _ = store.load(tmp_path / "stored")
     assert isinstance(loaded, skeleton.CausalLM)
@@ -315,14 +309,16 @@ def test_low_bit_greedy_equivalence_with_the_other_builds(isa, monkeypatch):
         assert generated_ids(engine, prompt, k=k, max_new_tokens=30) == plain
 
 
-def test_low_bit_qwen3_runs_lean_and_keeps_the_output():
-    """Qwen3 (the q/k head norms) runs through the lean decoder and, where the kernel is built, its
-    C++ layer stack: speculation gives the target's greedy output."""
+@pytest.mark.parametrize("architecture", ["qwen3", "gemma3"])
+def test_low_bit_qwen3_and_gemma3_run_lean_and_keep_the_output(architecture):
+    """Qwen3 (the q/k head norms) and Gemma 3 (also output norms, a sliding window shorter than the
+    answer) run through the lean decoder and, where the kernel is built, its C++ layer stack:
+    speculation gives the target's greedy output."""
     from app.engine import lean_decoder
     from app.engine.cached_model import cached
 
-    target = quantize_model(tiny_model(seed=5, hidden=64, architecture="qwen3").model, 8)
-    draft = quantize_model(tiny_model(seed=6, hidden=64, architecture="qwen3").model, 4, feed_forward_bits=3)
+    target = quantize_model(tiny_model(seed=5, hidden=64, architecture=architecture).model, 8)
+    draft = quantize_model(tiny_model(seed=6, hidden=64, architecture=architecture).model, 4, feed_forward_bits=3)
     decoder = cached(target)
     assert isinstance(decoder, lean_decoder.LeanDecoder) and decoder.head_norms
     assert (decoder.stack is not None) == (kernel.native() is not None)
@@ -373,7 +369,7 @@ def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():
         assert generated_ids(engine, prompt, k=k, max_new_tokens=30) == plain
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("hidden", [32, 64])  # 64: q/k/v and gate/up fuse into one call each
 def test_lean_decoder_matches_transformers_forward(hidden, architecture):
     """The lean pass runs the same modules as transformers' forward, cache, its growth and rollback
@@ -404,42 +400,51 @@ def test_lean_decoder_matches_transformers_forward(hidden, architecture):
             model.rollback(model.length - 1)  # drop the last token, as a rejected draft
 
 
+@pytest.mark.parametrize("gelu", [False, True])
 @pytest.mark.parametrize("inner", [1, 17, 8960])
 @pytest.mark.parametrize("isa", BUILDS)
-def test_native_swiglu_matches_torch(inner, isa):
-    """silu(gate) * up, 16 values at a time with a masked tail, over ordinary and extreme gates."""
+def test_native_swiglu_matches_torch(inner, isa, gelu):
+    """silu(gate) * up (Gemma: tanh GELU), 16 values at a time with a masked tail, over ordinary
+    and extreme gates."""
     module = built(isa)
     torch.manual_seed(inner)
     gate = torch.randn(3, inner) * 4
     gate[0, :4] = torch.tensor([0.0, -100.0, 100.0, -1e4])[: min(4, inner)]
     up = torch.randn(3, inner)
-    expected = F.silu(gate) * up
-    assert torch.allclose(module.swiglu(torch.cat([gate, up], dim=1)), expected, rtol=1e-6, atol=1e-6)
+    expected = (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
+    assert torch.allclose(module.swiglu(torch.cat([gate, up], dim=1), gelu), expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("head_dim", [16, 80, 128])
 @pytest.mark.parametrize("heads", [2, 6, 14])  # query heads per kv head: 1, 3, 7 (taken up to 4 at a time)
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("isa", BUILDS)
-def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, cache_dtype, isa):
+@pytest.mark.parametrize("window", [0, 20, 100])  # 20: the rows' windows begin in one block of 64; 100: in another
+def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, cache_dtype, isa, window):
     """The layer stack's attention (keys in transposed blocks of 64, a kv head's query heads up to
-    4 at a time, 64 components at a time, tails masked) against torch's, row by row, and
-    bit-identical alone or in a batch; a float16 cache is read as the float32 values it holds."""
+    4 at a time, 64 components at a time, tails masked; a sliding window's keys only) against
+    torch's, row by row, and bit-identical alone or in a batch; a float16 cache is read as the
+    float32 values it holds."""
     module = built(isa)
     kv_heads, start, n, capacity = 2, 150, 5, 192
     generator = torch.Generator().manual_seed(head_dim + heads)
     queries = torch.randn(n, heads, head_dim, generator=generator)
     cached_keys, cached_values = torch.randn(2, kv_heads, capacity, head_dim, generator=generator).to(cache_dtype)
+    # keys whose scores would swamp the others' (outside the windows but for 130 in the widest):
+    # a row must not take them into the maximum its exponentials are taken against
+    cached_keys[0, [30, 130]] = (100 * queries[0, 0]).to(cache_dtype)
     keys, values = cached_keys.float(), cached_values.float()  # what the cache holds
     scale = head_dim**-0.5
-    together = module.attention(queries, cached_keys, cached_values, start, scale)
+    together = module.attention(queries, cached_keys, cached_values, start, scale, window)
     for r in range(n):
         length = start + r + 1
+        first = max(0, length - window) if window else 0
         expected = F.scaled_dot_product_attention(
-            queries[r][:, None], keys[:, :length].repeat_interleave(heads // kv_heads, 0),
-            values[:, :length].repeat_interleave(heads // kv_heads, 0), scale=scale)[:, 0]
+            queries[r][:, None], keys[:, first:length].repeat_interleave(heads // kv_heads, 0),
+            values[:, first:length].repeat_interleave(heads // kv_heads, 0), scale=scale)[:, 0]
         assert torch.allclose(together[r], expected, atol=1e-5, rtol=1e-4)
-        assert torch.equal(together[r], module.attention(queries[r : r + 1], cached_keys, cached_values, start + r, scale)[0])
+        alone = module.attention(queries[r : r + 1], cached_keys, cached_values, start + r, scale, window)
+        assert torch.equal(together[r], alone[0])
 
 
 @pytest.mark.skipif(kernel.native() is None, reason="the C++ kernel is not built on this machine")
@@ -462,7 +467,7 @@ def test_the_native_cache_holds_keys_and_values_in_float16():
     assert (logits_half - logits_full).abs().max() < 0.05 * logits_full.abs().max()
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("isa", BUILDS)
 def test_verified_rows_equal_rows_decoded_alone(isa, architecture, monkeypatch):
     """The whole low-bit target is batch invariant: logits of tokens verified together are

@@ -24,7 +24,7 @@ def saved_and_loaded(tmp_path, architecture="qwen2"):
     return model, loaded
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("native", [True, False])  # the C++ layer stack, and the Python loop
 def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp_path, native, architecture,
                                                                               monkeypatch):
@@ -47,7 +47,7 @@ def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp
         assert torch.allclose(logits, reference.forward(tokens, keep), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])
 def test_as_transformers_wraps_the_same_weights(tmp_path, architecture):
     model, loaded = saved_and_loaded(tmp_path, architecture)
     wrapped = skeleton.as_transformers(loaded)

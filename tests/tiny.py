@@ -1,11 +1,12 @@
-"""Tiny random Qwen2-architecture (or Qwen3) models built from a config in code (no files)."""
+"""Tiny random Qwen2-architecture (or Qwen3, Gemma 3) models built from a config in code (no files)."""
 from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 from app.engine.models import LoadedModel
 
@@ -27,9 +28,17 @@ def tiny_model(
     prefix: str = "t",
     architecture: str = "qwen2",
 ) -> LoadedModel:
-    """architecture: "qwen2", or "qwen3" (no q/k/v biases; each query and key head RMS-normalised,
-    with random norm weights, so that a norm read from the wrong place shows)."""
-    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[architecture]
+    """architecture: "qwen2", "qwen3" (no q/k/v biases; each query and key head RMS-normalised,
+    with random norm weights, so that a norm read from the wrong place shows), or "gemma3" (also
+    norms after attention and the feed-forward layer, all with random weights; a local layer with
+    a sliding window of 8 and a global one, each with its own rotary frequencies; queries scaled
+    by a scalar of their own)."""
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+                                 "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM)}[architecture]
+    gemma = {"layer_types": ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2),
+             "sliding_window": 8, "query_pre_attn_scalar": 24,
+             "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
     config = config_class(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -43,14 +52,17 @@ def tiny_model(
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
-        **({"head_dim": hidden // 4} if architecture == "qwen3" else {}),  # Qwen3's default is 128
+        **({"head_dim": hidden // 4} if architecture != "qwen2" else {}),  # Qwen3's default is 128, Gemma 3's 256
+        **(gemma if architecture == "gemma3" else {}),
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = model_class(config).eval()
         with torch.no_grad():
             for name, parameter in model.named_parameters():
-                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                if architecture == "gemma3" and name.endswith("norm.weight"):
+                    parameter.uniform_(-0.5, 0.5)  # Gemma's norms scale by 1 + weight
+                elif name.endswith(("q_norm.weight", "k_norm.weight")):
                     parameter.uniform_(0.5, 1.5)
     model.generation_config.eos_token_id = None
     return LoadedModel(name=f"tiny-{seed}", model=model, tokenizer=tiny_tokenizer(vocab_size, prefix))

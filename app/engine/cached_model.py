@@ -101,7 +101,7 @@ class CachedModel:
 
 
 def cached(model: PreTrainedModel, vocab_width: int | None = None, cache_dtype: torch.dtype | None = None):
-    """The cached forward a model runs with: the lean decoder for low-bit Llama/Qwen2/Qwen3-style
+    """The cached forward a model runs with: the lean decoder for low-bit Llama/Qwen2/Qwen3/Gemma 3
     models (cache_dtype: its native KV cache's, see lean_decoder), transformers' own forward
     otherwise (every float model: the reference path)."""
     from . import lean_decoder

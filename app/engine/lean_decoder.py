@@ -1,4 +1,4 @@
-"""A lean forward pass for Llama/Qwen2/Qwen3-style decoders with a preallocated KV cache.
+"""A lean forward pass for Llama/Qwen2/Qwen3/Gemma 3 decoders with a preallocated KV cache.
 
 transformers' forward builds masks, cache objects and output records on every call: about
 20 ms per token on 2 CPU cores for the default pair, as much as a low-bit draft's arithmetic.
@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .lowbit import kernel, skeleton
-from .lowbit.modules import LowBitEmbedding, LowBitLinear, fuse
+from .lowbit.modules import LowBitEmbedding, LowBitLinear, embedding_scale, fuse
 from .prefix_cache import PrefixStore, Snapshot
 
 PREFILL_CHUNK = 256  # rows per native stack call (64 to 256 read a 2,000-token prompt equally fast)
@@ -46,9 +46,16 @@ class LeanDecoder:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = skeleton.head_dim(config)
         self.head_norms = skeleton.has_head_norms(config)
+        self.windows = skeleton.local_layers(config)  # {layer: its sliding window}
+        self.norm_offset = skeleton.norm_offset(config)
+        self.gemma = skeleton.is_gemma(config)
         self.qkv, self.gate_up = fused_projections(model)
         self.stack = native_stack(model)  # None: the Python loop runs the layers
-        self._embed, self._final_norm = _embedding_lookup(model.model.embed_tokens), _normaliser(model.model.norm)
+        self._embed = _embedding_lookup(model.model.embed_tokens)
+        self._final_norm = _normaliser(model.model.norm, self.norm_offset)
+        # Gemma 3's rotary embeddings of the global and the local layers; others use the model's own
+        self._rotary_embeddings = ({kind: skeleton.RotaryEmbedding(config, kind) for kind in (skeleton.GLOBAL, skeleton.LOCAL)}
+                                   if self.gemma else {skeleton.GLOBAL: model.model.rotary_emb})
         # Keys are stored transposed, in blocks for the native stack: its attention reads 16 keys'
         # component d at once, and a block's keys lie together in memory.
         self.key_block = kernel.native().KEY_BLOCK if self.stack is not None else None
@@ -61,7 +68,7 @@ class LeanDecoder:
         # cache holds room for (None: worked out each pass, for rotary types that change with the
         # sequence). Made on every pass, these had cost a draft pass about 0.24 ms of its 5-6.
         self._stack_caches: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
-        self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rotary: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # by layer kind
         self.prefixes = PrefixStore()
         self.reset()
 
@@ -128,13 +135,11 @@ class LeanDecoder:
         self.keys, self.values = keys, values
         self._stack_caches = ([k[0] for k in keys], [v[0] for v in values])
         if skeleton.static_rope(self.model.config):
-            decoder = self.model.model
             positions = torch.arange(capacity, device=self.device).view(1, capacity)
-            cos, sin = decoder.rotary_emb(torch.empty(0, device=self.device), positions)
-            self._rotary = (cos[0], sin[0])
+            self._rotary = {kind: tuple(t[0] for t in rotary(torch.empty(0, device=self.device), positions))
+                            for kind, rotary in self._rotary_embeddings.items()}
 
-    def _attention(self, q: torch.Tensor, index: int, start: int, mask: torch.Tensor | None, scale: float,
-                   exact_rows: bool) -> torch.Tensor:
+    def _attention(self, q: torch.Tensor, index: int, start: int, scale: float, exact_rows: bool) -> torch.Tensor:
         """q [1, heads, n, head_dim] over the cached keys -> [1, heads, n, head_dim].
 
         exact_rows: each query row is computed by the very call that decodes it alone (one query
@@ -142,15 +147,20 @@ class LeanDecoder:
         decoding. One batched call instead would change the reduction order with the batch's
         shape, and a near-tie could then flip a greedy token."""
         keys, values, gqa = self.keys[index].transpose(2, 3), self.values[index], self.kv_heads != self.heads
-        n = q.shape[2]
-        if not exact_rows or n == 1:
-            end = start + n
-            return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-                                                  scale=scale, enable_gqa=gqa)
-        rows = [F.scaled_dot_product_attention(q[:, :, i : i + 1], keys[:, :, : start + i + 1],
-                                               values[:, :, : start + i + 1], scale=scale, enable_gqa=gqa)
-                for i in range(n)]
-        return torch.cat(rows, dim=2)
+        n, end, window = q.shape[2], start + q.shape[2], self.windows.get(index)
+        first = lambda last: 0 if window is None else max(0, last - window)  # of the keys a row ending at `last` sees
+        if n == 1 or exact_rows:
+            rows = [F.scaled_dot_product_attention(q[:, :, i : i + 1], keys[:, :, first(start + i + 1) : start + i + 1],
+                                                   values[:, :, first(start + i + 1) : start + i + 1], scale=scale,
+                                                   enable_gqa=gqa)
+                    for i in range(n)]
+            return torch.cat(rows, dim=2)
+        # A prefill at once: query i sees keys up to start + i, and within its window
+        positions = torch.arange(start, end, device=self.device).view(n, 1)
+        seen = torch.arange(end, device=self.device)[None, :]
+        mask = (seen <= positions) & (seen > positions - (window or end + 1))
+        return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=scale,
+                                              enable_gqa=gqa)
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, keep: int, vocabulary=None) -> torch.Tensor:
@@ -170,24 +180,24 @@ class LeanDecoder:
     def hidden(self, token_ids: torch.Tensor, keep: int) -> torch.Tensor:
         """token_ids [n] long, appended to the cache -> the final normalised hidden states
         [keep, D] of the last positions (what the output layer reads)."""
-        decoder = self.model.model
         n, start = token_ids.numel(), self.length
         end = start + n
         self._reserve(end)
         hidden = self._embed(token_ids.to(self.device))[None]  # [1, n, hidden]
         if self._rotary is not None:
-            cos, sin = self._rotary[0][None, start:end], self._rotary[1][None, start:end]
+            rotary = {kind: (cos[start:end], sin[start:end]) for kind, (cos, sin) in self._rotary.items()}
         else:
-            cos, sin = decoder.rotary_emb(hidden, torch.arange(start, end, device=self.device).view(1, n))
+            positions = torch.arange(start, end, device=self.device).view(1, n)
+            rotary = {kind: tuple(t[0] for t in embedding(hidden, positions))
+                      for kind, embedding in self._rotary_embeddings.items()}
         if self.stack is not None:
-            hidden = self._stack_in_chunks(hidden[0], cos[0], sin[0], start, keep)[None]
+            hidden = self._stack_in_chunks(hidden[0], rotary, start, keep)[None]
         else:
-            hidden = self._layers(hidden, cos, sin, start, keep)
+            hidden = self._layers(hidden, rotary, start, keep)
         self.ids += token_ids.tolist()
         return self._final_norm(hidden[0, -keep:])
 
-    def _stack_in_chunks(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                         keep: int) -> torch.Tensor:
+    def _stack_in_chunks(self, hidden: torch.Tensor, rotary: dict, start: int, keep: int) -> torch.Tensor:
         """hidden [n, D] through the native stack, PREFILL_CHUNK rows per call -> the rows of the
         calls that hold the last `keep` rows [>= keep, D]. Every row's arithmetic is the same whatever
         the call's size (batch invariance), so the cache and logits equal one call's, without one
@@ -195,26 +205,28 @@ class LeanDecoder:
         chunks (the attention's scores alone had taken 370 MB per thread and layer)."""
         keys, values = self._stack_caches
         n, kept = hidden.shape[0], []
+        (cos, sin), local = rotary[skeleton.GLOBAL], rotary.get(skeleton.LOCAL, (None, None))
         for first in range(0, n, PREFILL_CHUNK):
             last = min(n, first + PREFILL_CHUNK)
-            out = self.stack.forward(hidden[first:last], keys, values, cos[first:last], sin[first:last], start + first)
+            part = lambda t: None if t is None else t[first:last]
+            out = self.stack.forward(hidden[first:last], keys, values, part(cos), part(sin), start + first,
+                                     part(local[0]), part(local[1]))
             if last > n - keep:
                 kept.append(out)
         return torch.cat(kept) if len(kept) > 1 else kept[0]
 
-    def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, keep: int) -> torch.Tensor:
-        """hidden [1, n, D] through every layer in Python (no C++ kernel), writing the cache."""
+    def _layers(self, hidden: torch.Tensor, rotary: dict, start: int, keep: int) -> torch.Tensor:
+        """hidden [1, n, D] through every layer in Python (no C++ kernel), writing the cache.
+        Rows whose logits are kept (a verification) get their attention one by one, exactly as
+        plain decoding computes it; a prefill keeps one row and runs batched."""
         decoder = self.model.model
         n = hidden.shape[1]
         end = start + n
-        positions = torch.arange(start, end, device=self.device).view(n, 1)
-        # n new queries over `end` keys: query i sees keys up to start + i (None: one query sees all).
-        # Rows whose logits are kept (a verification) get their attention one by one, exactly as
-        # plain decoding computes it; a prefill keeps one row and runs batched.
-        mask = None if n == 1 or keep > 1 else (torch.arange(end, device=self.device)[None, :] <= positions)
+        norm = lambda module, x: _rms_norm(module, x, self.norm_offset)
         for index, layer in enumerate(decoder.layers):
             attention = layer.self_attn
-            x = _rms_norm(layer.input_layernorm, hidden)
+            cos, sin = (t[None] for t in rotary[skeleton.LOCAL if index in self.windows else skeleton.GLOBAL])
+            x = norm(layer.input_layernorm, hidden)
             if self.qkv[index] is not None:
                 q, k, v = self.qkv[index](x).split(
                     [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
@@ -223,20 +235,26 @@ class LeanDecoder:
             q = q.reshape(1, n, self.heads, self.head_dim)
             k = k.reshape(1, n, self.kv_heads, self.head_dim)
             if self.head_norms:
-                q, k = _rms_norm(attention.q_norm, q), _rms_norm(attention.k_norm, k)
+                q, k = norm(attention.q_norm, q), norm(attention.k_norm, k)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = v.reshape(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             self.keys[index][..., start:end] = k.transpose(2, 3)
             self.values[index][:, :, start:end] = v
-            out = self._attention(q, index, start, mask, attention.scaling, exact_rows=keep > 1)
-            hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))
-            x = _rms_norm(layer.post_attention_layernorm, hidden)
+            out = self._attention(q, index, start, attention.scaling, exact_rows=keep > 1)
+            out = attention.o_proj(out.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))
+            if self.gemma:
+                hidden = hidden + norm(layer.post_attention_layernorm, out)
+                x = norm(layer.pre_feedforward_layernorm, hidden)
+            else:
+                hidden = hidden + out
+                x = norm(layer.post_attention_layernorm, hidden)
             if self.gate_up[index] is not None:
                 gate, up = self.gate_up[index](x).chunk(2, dim=-1)
-                hidden = hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+                out = layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
             else:
-                hidden = hidden + layer.mlp(x)
+                out = layer.mlp(x)
+            hidden = hidden + (norm(layer.post_feedforward_layernorm, out) if self.gemma else out)
         return hidden
 
 
@@ -253,6 +271,8 @@ def native_stack(model: nn.Module):
     if model not in _STACKS:
         qkv, gate_up = fused_projections(model)
         config, layers = model.config, []
+        offset, windows = skeleton.norm_offset(config), skeleton.local_layers(config)
+        weight = lambda norm: _norm_weight(norm, offset).contiguous()
         for index, layer in enumerate(model.model.layers):
             attention, mlp = layer.self_attn, layer.mlp
             parts = {
@@ -265,16 +285,22 @@ def native_stack(model: nn.Module):
                 _STACKS[model] = None
                 return None
             to_native = lambda m: module.Projection(*m.packed.tensors().values(), m.bias, m.group, m.bits, m.out_features)
-            head_norms = ({"q_norm": attention.q_norm.weight.float().contiguous(),
-                           "k_norm": attention.k_norm.weight.float().contiguous()}
-                          if skeleton.has_head_norms(config) else {})
+            norms = ({"q_norm": weight(attention.q_norm), "k_norm": weight(attention.k_norm)}
+                     if skeleton.has_head_norms(config) else {})
+            if skeleton.is_gemma(config):  # the norm before the feed-forward layer, and after each part
+                norms |= {"attention_out_norm": weight(layer.post_attention_layernorm),
+                          "feed_forward_out_norm": weight(layer.post_feedforward_layernorm)}
+                feed_forward_norm = layer.pre_feedforward_layernorm
+            else:
+                feed_forward_norm = layer.post_attention_layernorm
             layers.append(module.Layer(
-                layer.input_layernorm.weight.float(), layer.post_attention_layernorm.weight.float(),
+                weight(layer.input_layernorm), weight(feed_forward_norm),
                 [to_native(m) for m in parts["qkv"]], to_native(parts["output"]),
-                [to_native(m) for m in parts["gate_up"]], to_native(parts["down"]), **head_norms))
+                [to_native(m) for m in parts["gate_up"]], to_native(parts["down"]), window=windows.get(index, 0),
+                **norms))
         _STACKS[model] = module.LayerStack(layers, config.num_attention_heads, config.num_key_value_heads,
                                            skeleton.head_dim(config), model.model.layers[0].self_attn.scaling,
-                                           config.rms_norm_eps)
+                                           config.rms_norm_eps, gelu=skeleton.is_gemma(config))
     return _STACKS[model]
 
 
@@ -296,24 +322,35 @@ def _embedding_lookup(embedding: nn.Module):
     """-> a function of token ids [n] long -> their embeddings [n, D] float32."""
     module = kernel.native()
     if module is not None and isinstance(embedding, LowBitEmbedding):
-        packed = embedding.packed
+        packed, scale = embedding.packed, embedding_scale(embedding)
         tensors = tuple(packed.tensors().values())
+        if scale is not None:
+            return lambda token_ids: module.rows(token_ids, *tensors, packed.group, packed.bits) * scale
         return lambda token_ids: module.rows(token_ids, *tensors, packed.group, packed.bits)
     return lambda token_ids: embedding(token_ids).float()
 
 
-def _normaliser(norm: nn.Module):
+def _normaliser(norm: nn.Module, offset: float):
     """-> a function of x [n, D] float32 -> its RMSNorm, as _rms_norm computes it."""
     module = kernel.native()
     if module is not None and norm.weight.dtype == torch.float32:
-        weight, eps = norm.weight, norm.variance_epsilon
+        weight, eps = _norm_weight(norm, offset), _epsilon(norm)
         return lambda x: module.rms_norm(x, weight, eps)
-    return lambda x: _rms_norm(norm, x)
+    return lambda x: _rms_norm(norm, x, offset)
 
 
-def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _rms_norm(norm: nn.Module, x: torch.Tensor, offset: float) -> torch.Tensor:
     """One pass instead of the module's six tensor ops (float32 throughout, as the module computes)."""
-    return kernel.rms_norm(x, norm.weight, norm.variance_epsilon)
+    return kernel.rms_norm(x, _norm_weight(norm, offset), _epsilon(norm))
+
+
+def _norm_weight(norm: nn.Module, offset: float) -> torch.Tensor:
+    """What an RMSNorm scales by: its weight, or Gemma's 1 + weight (float32, as transformers adds it)."""
+    return norm.weight.float() + offset if offset else norm.weight.float()
+
+
+def _epsilon(norm: nn.Module) -> float:
+    return norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps  # Gemma's module calls it eps
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
-// The whole stack of Llama/Qwen2/Qwen3 decoder layers in one call: per layer RMSNorm, q/k/v
-// projections (Qwen3: each query and key head RMS-normalised), rotary embedding, the KV-cache
-// write, causal attention, the output projection, RMSNorm and the SwiGLU MLP, with the residual
-// adds. In Python the same layer is about 30 tensor
+// The whole stack of Llama/Qwen2/Qwen3/Gemma 3 decoder layers in one call: per layer RMSNorm,
+// q/k/v projections (Qwen3, Gemma 3: each query and key head RMS-normalised), rotary embedding, the
+// KV-cache write, causal attention (Gemma 3's local layers: over a sliding window), the output
+// projection, RMSNorm and the SwiGLU (Gemma: GeGLU) MLP, with the residual adds (Gemma 3:
+// each of the two outputs RMS-normalised before its add). In Python the same layer is about 30 tensor
 // operations whose dispatch cost (about 0.5 ms per layer on 2 cores) was a quarter of a low-bit
 // draft's pass; here it is a loop over raw buffers.
 //
@@ -110,17 +111,17 @@ void with_heads(int64_t heads, F&& f) {
 }
 
 // Scaled scores q.k of H query heads of one row (queries [H, head_dim]) against the keys j0 ..
-// j0 + 63 below `length`, into scores (H rows of `score_stride`), and each head's running
-// 16-lane maximum `best` [H]. keys: a kv head's cache, blocks of kKeyBlock keys, each block
+// j0 + 63 from `lo` (a sliding window's first) and below `length`, into scores (H rows of
+// `score_stride`), and each head's running 16-lane maximum `best` [H]. keys: a kv head's cache, blocks of kKeyBlock keys, each block
 // transposed [head_dim, kKeyBlock] (row d holds component d of the block's keys): 16 keys' scores
 // build up in one vector with no horizontal sums, and a block is one contiguous run of memory
 // (transposing the whole cache instead had put each component of a block on its own page).
 // Each key vector loaded feeds all H heads. Never inlined: each instantiation keeps its own
 // register allocation (inlined, one spilled its accumulators on every key).
 template <int H, typename T>
-__attribute__((noinline)) void score_block(const float* queries, const T* keys, int64_t j0, int64_t length,
-                                           int64_t head_dim, float scaling, float* scores, int64_t score_stride,
-                                           v16::Vec* best) {
+__attribute__((noinline)) void score_block(const float* queries, const T* keys, int64_t j0, int64_t lo,
+                                           int64_t length, int64_t head_dim, float scaling, float* scores,
+                                           int64_t score_stride, v16::Vec* best) {
   constexpr int64_t kBlocks = kKeyBlock / 16;  // four independent FMA chains per head
   v16::Vec dot[H][kBlocks];
   v16::Mask valid[kBlocks];
@@ -136,6 +137,7 @@ __attribute__((noinline)) void score_block(const float* queries, const T* keys, 
       for (int64_t b = 0; b < kBlocks; ++b) dot[h][b] = v16::fmadd(q, key[b], dot[h][b]);
     }
   }
+  for (int64_t b = 0; b < kBlocks; ++b) valid[b] &= static_cast<v16::Mask>(~lanes(lo - j0 - 16 * b));
   for (int h = 0; h < H; ++h) {
     for (int64_t b = 0; b < kBlocks; ++b) {
       const v16::Vec scaled = v16::mul(dot[h][b], v16::set1(scaling));
@@ -159,18 +161,19 @@ float exponentiate(float* scores, int64_t length, v16::Vec best) {
 }
 
 // out [H, head_dim] += the weights (H rows of `score_stride`) of keys j0 .. end - 1 times their
-// values ([length, head_dim] rows); out starts at zero when j0 is 0. Each value vector loaded
-// feeds all H heads; every output sums over the keys in their order, block after block.
+// values ([length, head_dim] rows); out starts at zero at the row's first block (`first`). Each
+// value vector loaded feeds all H heads; every output sums over the keys in their order, block
+// after block.
 template <int H, typename T>
 __attribute__((noinline)) void value_block(const float* weights, int64_t score_stride, const T* values, int64_t j0,
-                                           int64_t end, int64_t head_dim, float* out) {
+                                           int64_t end, bool first, int64_t head_dim, float* out) {
   constexpr int64_t kBlocks = 4;  // 64 components at a time, in registers
   for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kBlocks) {
     v16::Vec acc[H][kBlocks];
     v16::Mask valid[kBlocks];
     for (int h = 0; h < H; ++h) {
       start_blocks<kBlocks>(acc[h], valid, head_dim - d0);
-      if (j0 > 0) {
+      if (!first) {
         for (int64_t b = 0; b < kBlocks; ++b) acc[h][b] = v16::load(valid[b], out + h * head_dim + d0 + 16 * b);
       }
     }
@@ -190,15 +193,19 @@ __attribute__((noinline)) void value_block(const float* weights, int64_t score_s
   }
 }
 
-// Rows first..last-1 of the query heads that read kv head g, over the cache: see AttentionTasks.
+// Rows first..last-1 of the query heads that read kv head g, over the cache (with a `window`,
+// each row over its last `window` keys only): see AttentionTasks.
 // Keys and values go block by block through every row's heads, so a verification reads the
 // cache once rather than once per row (at 1,000 cached tokens re-reading it had made 4 rows' 
 // attention cost 3.5 times one row's).
 template <typename T>
 void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64_t last, int64_t heads,
                     int64_t group, int64_t g, int64_t head_dim, const T* keys, const T* values,
-                    int64_t start, float scaling, float* out) {
+                    int64_t start, int64_t window, float scaling, float* out) {
   const int64_t rows = last - first, stride = start + last;
+  // Row r's keys: from its window's first (0 without one) to its own position
+  const auto length = [&](int64_t r) { return start + first + r + 1; };
+  const auto lo = [&](int64_t r) { return window > 0 ? std::max<int64_t>(0, length(r) - window) : 0; };
   // Heads at a time: the group in near-even shares of at most kMaxHeads (6 as 3 + 3, not 4 + 2:
   // the loads of a share of 2 would feed only half as many products)
   const int64_t shares = (group + kMaxHeads - 1) / kMaxHeads, share = (group + shares - 1) / shares;
@@ -208,27 +215,32 @@ void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64
   const auto score_row = [&](int64_t r, int64_t h) { return scores.data() + (r * group + h) * stride; };
   const auto query = [&](int64_t r, int64_t h) { return queries + (first + r) * q_stride + (g * group + h) * head_dim; };
   const auto output = [&](int64_t r, int64_t h) { return out + ((first + r) * heads + g * group + h) * head_dim; };
-  for (int64_t j0 = 0; j0 < stride; j0 += kKeyBlock) {
+  // The first block any row reads (a window's rows begin at or after it)
+  const int64_t first_block = lo(0) / kKeyBlock * kKeyBlock;
+  for (int64_t j0 = first_block; j0 < stride; j0 += kKeyBlock) {
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t length = start + first + r + 1;
-      for (int64_t h = 0; h < group && j0 < length; h += share) {
+      if (j0 + kKeyBlock <= lo(r)) continue;
+      for (int64_t h = 0; h < group && j0 < length(r); h += share) {
         with_heads(std::min(share, group - h), [&](auto n) {
-          score_block<decltype(n)::value, T>(query(r, h), keys, j0, length, head_dim, scaling, score_row(r, h), stride,
-                                          best.data() + r * group + h);
+          score_block<decltype(n)::value, T>(query(r, h), keys, j0, lo(r), length(r), head_dim, scaling,
+                                             score_row(r, h), stride, best.data() + r * group + h);
         });
       }
     }
   }
   std::vector<float> inverse(rows * group);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t h = 0; h < group; ++h) inverse[r * group + h] = exponentiate(score_row(r, h), start + first + r + 1, best[r * group + h]);
+    for (int64_t h = 0; h < group; ++h) {
+      inverse[r * group + h] = exponentiate(score_row(r, h) + lo(r), length(r) - lo(r), best[r * group + h]);
+    }
   }
-  for (int64_t j0 = 0; j0 < stride; j0 += kKeyBlock) {
+  for (int64_t j0 = first_block; j0 < stride; j0 += kKeyBlock) {
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t end = std::min(j0 + kKeyBlock, start + first + r + 1);
-      for (int64_t h = 0; h < group && j0 < end; h += share) {
+      const int64_t begin = std::max(j0, lo(r)), end = std::min(j0 + kKeyBlock, length(r));
+      for (int64_t h = 0; h < group && begin < end; h += share) {
         with_heads(std::min(share, group - h), [&](auto n) {
-          value_block<decltype(n)::value, T>(score_row(r, h), stride, values, j0, end, head_dim, output(r, h));
+          value_block<decltype(n)::value, T>(score_row(r, h), stride, values, begin, end, j0 <= lo(r), head_dim,
+                                             output(r, h));
         });
       }
     }
@@ -258,6 +270,7 @@ struct AttentionTasks {
   const void* value_cache;
   bool half;
   int64_t capacity, start;
+  int64_t window;  // 0: every key up to the row
   float scaling;
   float* out;
 
@@ -278,25 +291,34 @@ struct AttentionTasks {
       const int64_t g = task / row_tasks, first = row_tasks == 1 ? 0 : task % row_tasks;
       const int64_t last = row_tasks == 1 ? n : first + 1;
       attend_kv_head(queries, q_stride, first, last, heads, heads / kv_heads, g, head_dim, keys + g * head_dim * capacity,
-                     values + g * capacity * head_dim, start, scaling, out);
+                     values + g * capacity * head_dim, start, window, scaling, out);
     }
   }
 };
 
-// SwiGLU's product silu(gate) * up for one row of `inner` values, 16 at a time: done one
-// std::exp at a time it cost about 1 ms per verified row on the default target (8 rows: a tenth
-// of the pass). silu(x) = x * sigmoid(x), and sigmoid is 1 / (1 + e) for x >= 0 and e / (1 + e)
-// below, with e = exp(-|x|) <= 1, so the exponential never overflows.
-void swiglu(const float* gate, const float* up, int64_t inner, float* out) {
+// sigmoid(z) is 1 / (1 + e) for z >= 0 and e / (1 + e) below, with e = exp(-|z|) <= 1, so the
+// exponential never overflows.
+inline v16::Vec sigmoid(v16::Vec z) {
   const v16::Vec one = v16::set1(1.f);
+  const v16::Vec e = exp_nonpositive(v16::sub(v16::zero(), v16::abs(z)));
+  const v16::Vec inverse = v16::div(one, v16::add(one, e));
+  return v16::mask_mul(inverse, v16::less_than(z, v16::zero()), e, inverse);
+}
+
+// The gated product act(gate) * up for one row of `inner` values, 16 at a time: done one
+// std::exp at a time it cost about 1 ms per verified row on the default target (8 rows: a tenth
+// of the pass). SwiGLU: act(x) = silu(x) = x * sigmoid(x). GeGLU (gelu): tanh GELU,
+// 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3), which is x * sigmoid(2u).
+void gated(const float* gate, const float* up, int64_t inner, bool gelu, float* out) {
   for (int64_t i = 0; i < inner; i += 16) {
     const v16::Mask m = lanes(inner - i);
     const v16::Vec x = v16::load(m, gate + i);
-    const v16::Vec e = exp_nonpositive(v16::sub(v16::zero(), v16::abs(x)));
-    const v16::Vec inverse = v16::div(one, v16::add(one, e));
-    const v16::Mask negative = v16::less_than(x, v16::zero());
-    const v16::Vec sigmoid = v16::mask_mul(inverse, negative, e, inverse);
-    v16::store(out + i, m, v16::mul(v16::mul(x, sigmoid), v16::load(m, up + i)));
+    v16::Vec z = x;
+    if (gelu) {
+      const v16::Vec cube = v16::mul(v16::mul(x, x), x);
+      z = v16::mul(v16::set1(2.f * 0.7978845608028654f), v16::fmadd(v16::set1(0.044715f), cube, x));
+    }
+    v16::store(out + i, m, v16::mul(v16::mul(x, sigmoid(z)), v16::load(m, up + i)));
   }
 }
 
@@ -333,6 +355,7 @@ Step make_step(const std::vector<Projection>& projections) {
 // layer and operation.
 struct Workspace {
   std::vector<float> normed, qkv, attended, gate_up, inner, padded;  // the steps' inputs and outputs
+  std::vector<float> projected;  // an output or down projection's result before its norm (Gemma 3)
   std::vector<int8_t> values[2];  // int8 activations in groups of 16 and of 32: [n, widest input]
   std::vector<float> steps[2], scaled_sums[2];
   std::vector<int32_t> sums[2];
@@ -410,7 +433,8 @@ void products_shared(const Step& step, int64_t n, Workspace& ws, float* out, int
 
 // The same attention on tensors, for tests: queries [n, heads, head_dim], keys and values
 // [kv_heads, capacity, head_dim] holding start + n positions (the keys are laid out in blocks here).
-at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling) {
+at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling,
+                     int64_t window) {
   queries = queries.contiguous();
   values = values.contiguous();
   const int64_t n = queries.size(0), heads = queries.size(1), head_dim = queries.size(2);
@@ -422,36 +446,44 @@ at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int
   const at::Tensor blocked = keys.view({kv_heads, capacity / kKeyBlock, kKeyBlock, head_dim}).transpose(2, 3).contiguous();
   at::Tensor out = at::empty({n, heads, head_dim}, at::kFloat);
   const AttentionTasks tasks{queries.data_ptr<float>(), heads * head_dim, n, heads, kv_heads, head_dim,
-                             blocked.data_ptr(), values.data_ptr(), half, capacity, start,
+                             blocked.data_ptr(), values.data_ptr(), half, capacity, start, window,
                              static_cast<float>(scaling), out.data_ptr<float>()};
   const int64_t row_tasks = tasks.row_tasks(at::get_num_threads());
   at::parallel_for(0, kv_heads * row_tasks, 1, [&](int64_t begin, int64_t end) { tasks.run(row_tasks, begin, end); });
   return out;
 }
 
-// gate_up [n, 2 * inner] (gate, then up) -> silu(gate) * up [n, inner], rows shared between threads.
-at::Tensor swiglu_rows(at::Tensor gate_up) {
+// gate_up [n, 2 * inner] (gate, then up) -> silu(gate) * up [n, inner] (gelu: tanh GELU), rows
+// shared between threads.
+at::Tensor swiglu_rows(at::Tensor gate_up, bool gelu) {
   gate_up = gate_up.contiguous();
   const int64_t n = gate_up.size(0), inner = gate_up.size(1) / 2;
   at::Tensor out = at::empty({n, inner}, at::kFloat);
   const float* gu = gate_up.data_ptr<float>();
   float* product = out.data_ptr<float>();
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) swiglu(gu + r * 2 * inner, gu + r * 2 * inner + inner, inner, product + r * inner);
+    for (int64_t r = begin; r < end; ++r) gated(gu + r * 2 * inner, gu + r * 2 * inner + inner, inner, gelu, product + r * inner);
   });
   return out;
 }
 
 LayerStack::LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                       double scaling, double eps)
+                       double scaling, double eps, bool gelu)
     : layers_(std::move(layers)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
-      scaling_(static_cast<float>(scaling)), eps_(eps) {
+      scaling_(static_cast<float>(scaling)), eps_(eps), gelu_(gelu) {
   TORCH_CHECK(!layers_.empty() && heads % kv_heads == 0 && head_dim % 2 == 0,
               "layers, heads a multiple of kv_heads and an even head_dim");
   for (const Layer& layer : layers_) {
     Steps steps{make_step(layer.qkv), make_step({layer.output}), make_step(layer.gate_up), make_step({layer.down})};
     const int64_t d = layer.input_norm.numel();
     TORCH_CHECK(layer.q_norm.defined() == layer.k_norm.defined(), "query and key head norms come together");
+    TORCH_CHECK(layer.attention_out_norm.defined() == layer.feed_forward_out_norm.defined(),
+                "the attention's and the feed-forward layer's output norms come together");
+    for (const at::Tensor& norm : {layer.attention_out_norm, layer.feed_forward_out_norm}) {
+      TORCH_CHECK(!norm.defined() || (norm.scalar_type() == at::kFloat && norm.is_contiguous() && norm.numel() == d),
+                  "an output norm must be float32 [D]");
+    }
+    TORCH_CHECK(layer.window >= 0, "a sliding window of at least one key, or 0 for none");
     for (const at::Tensor& norm : {layer.q_norm, layer.k_norm}) {
       TORCH_CHECK(!norm.defined() || (norm.scalar_type() == at::kFloat && norm.is_contiguous() && norm.numel() == head_dim),
                   "a head norm must be float32 [head_dim]");
@@ -471,11 +503,18 @@ LayerStack::LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_head
 }
 
 at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>& keys,
-                               const std::vector<at::Tensor>& values, at::Tensor cos, at::Tensor sin, int64_t start) {
+                               const std::vector<at::Tensor>& values, at::Tensor cos, at::Tensor sin, int64_t start,
+                               std::optional<at::Tensor> local_cos, std::optional<at::Tensor> local_sin) {
   TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one cache per layer");
   hidden = hidden.contiguous().clone();
   cos = cos.contiguous();
   sin = sin.contiguous();
+  const bool any_local = std::any_of(layers_.begin(), layers_.end(), [](const Layer& l) { return l.window > 0; });
+  TORCH_CHECK(!any_local || (local_cos && local_sin && local_cos->sizes() == cos.sizes() &&
+                             local_sin->sizes() == sin.sizes()),
+              "local layers need their own rotary embedding, shaped as the global one");
+  const at::Tensor local_cos_rows = any_local ? local_cos->contiguous() : cos;
+  const at::Tensor local_sin_rows = any_local ? local_sin->contiguous() : sin;
   const int64_t n = hidden.size(0), hd = head_dim_, d = hidden.size(1);
   const int64_t q_width = heads_ * hd, kv_width = kv_heads_ * hd, group = heads_ / kv_heads_;
   TORCH_CHECK(keys[0].size(3) == kKeyBlock && keys[0].size(1) * kKeyBlock == values[0].size(1),
@@ -494,6 +533,7 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
   ws.gate_up.resize(n * 2 * widest_inner_);
   ws.inner.resize(n * widest_inner_);
   ws.padded.resize(n * widest_padded_);
+  ws.projected.resize(n * d);
   for (int g = 0; g < 2; ++g) {
     ws.values[g].resize(n * widest_input_);
     ws.steps[g].resize(n * widest_input_ / 16);
@@ -502,8 +542,8 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
   }
   std::vector<PairRange> ranges;  // set by the team's first thread
   float* h = hidden.data_ptr<float>();
-  const float* cos_rows = cos.data_ptr<float>();
-  const float* sin_rows = sin.data_ptr<float>();
+  const float* global_cos = cos.data_ptr<float>();
+  const float* global_sin = sin.data_ptr<float>();
   // One team of threads for the whole stack, meeting at a barrier after each step: forking and
   // joining for each operation had left one core idle while the other ran the small serial parts
   // (norms, quantization, rotary embedding, SwiGLU, allocations).
@@ -530,6 +570,19 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
       const int64_t capacity = values[index].size(1), inner = steps.down.input;
       void* key_cache = keys[index].data_ptr();
       void* value_cache = values[index].data_ptr();
+      const float* cos_rows = layer.window > 0 ? local_cos_rows.data_ptr<float>() : global_cos;
+      const float* sin_rows = layer.window > 0 ? local_sin_rows.data_ptr<float>() : global_sin;
+      const bool out_norms = layer.attention_out_norm.defined();
+      // Gemma 3: h's rows += the RMSNorm of `projected`'s, rows shared between the team
+      const auto add_normalised = [&](const at::Tensor& weight) {
+        const float* w = weight.data_ptr<float>();
+        const auto [begin, end] = share(n, thread, threads);
+        for (int64_t row = begin; row < end; ++row) {
+          const float* x = ws.projected.data() + row * d;
+          const float row_scale = rms_scale(x, d, eps_);
+          for (int64_t i = 0; i < d; ++i) h[row * d + i] += x[i] * row_scale * w[i];
+        }
+      };
       // RMSNorm of h's rows into `normed`, a thread's part of a row at a time (each thread works
       // out the row's scale itself: quantize_share calls it once per row it has a part of)
       const auto normalise = [&](const at::Tensor& weight) {
@@ -569,7 +622,7 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
 #pragma omp barrier
       {
         const AttentionTasks tasks{ws.qkv.data(), qkv_width, n, heads_, kv_heads_, hd, key_cache, value_cache, half,
-                                   capacity, start, scaling_, ws.attended.data()};
+                                   capacity, start, layer.window, scaling_, ws.attended.data()};
         const int64_t row_tasks = tasks.row_tasks(threads);
         const auto [begin, end] = share(kv_heads_ * row_tasks, thread, threads);
         tasks.run(row_tasks, begin, end);
@@ -577,7 +630,13 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
 #pragma omp barrier
       quantize_share(steps.output, n, ws.attended.data(), ws, thread, threads, [](int64_t, int64_t, int64_t) {});
 #pragma omp barrier
-      products_shared(steps.output, n, ws, h, d, true, layer_ranges + 1 * threads, thread, threads);
+      if (out_norms) {
+        products_shared(steps.output, n, ws, ws.projected.data(), d, false, layer_ranges + 1 * threads, thread, threads);
+#pragma omp barrier
+        add_normalised(layer.attention_out_norm);
+      } else {
+        products_shared(steps.output, n, ws, h, d, true, layer_ranges + 1 * threads, thread, threads);
+      }
 #pragma omp barrier
       quantize_share(steps.gate_up, n, ws.normed.data(), ws, thread, threads, normalise(layer.post_norm));
 #pragma omp barrier
@@ -585,10 +644,16 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
 #pragma omp barrier
       quantize_share(steps.down, n, ws.inner.data(), ws, thread, threads, [&](int64_t row, int64_t column, int64_t count) {
         const float* gate = ws.gate_up.data() + row * 2 * inner + column;
-        swiglu(gate, gate + inner, count, ws.inner.data() + row * inner + column);
+        gated(gate, gate + inner, count, gelu_, ws.inner.data() + row * inner + column);
       });
 #pragma omp barrier
-      products_shared(steps.down, n, ws, h, d, true, layer_ranges + 3 * threads, thread, threads);
+      if (out_norms) {
+        products_shared(steps.down, n, ws, ws.projected.data(), d, false, layer_ranges + 3 * threads, thread, threads);
+#pragma omp barrier
+        add_normalised(layer.feed_forward_out_norm);
+      } else {
+        products_shared(steps.down, n, ws, h, d, true, layer_ranges + 3 * threads, thread, threads);
+      }
 #pragma omp barrier
     }
   }

@@ -26,9 +26,10 @@ constexpr int64_t kKeyBlock = 64;
 // Causal attention of n new rows over a cache, as the layer stack computes it (for tests):
 // queries [n, heads, head_dim], keys and values [kv_heads, capacity, head_dim] holding start + n
 // positions (capacity a multiple of kKeyBlock), float32 or float16.
-at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling);
+at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling,
+                     int64_t window);
 // The layer stack's silu(gate) * up (exposed for tests): gate_up [n, 2 * inner] -> [n, inner].
-at::Tensor swiglu_rows(at::Tensor gate_up);
+at::Tensor swiglu_rows(at::Tensor gate_up, bool gelu);
 
 // One low-bit projection: its packed weight (see kernel.cpp), its real outputs and its bias.
 struct Projection {
@@ -176,14 +177,20 @@ void take_pairs(PairRange* ranges, int thread, int threads, int64_t pairs, Produ
 }
 
 struct Layer {
-  at::Tensor input_norm, post_norm;  // float32 [D]
-  // Qwen3's RMSNorm of each query and key head before the rotary embedding: float32 [head_dim],
-  // or empty tensors (Llama, Qwen2)
+  at::Tensor input_norm, post_norm;  // float32 [D]: before attention, before the feed-forward layer
+  // Qwen3's and Gemma 3's RMSNorm of each query and key head before the rotary embedding: float32
+  // [head_dim], or empty tensors (Llama, Qwen2)
   at::Tensor q_norm, k_norm;
   std::vector<Projection> qkv;      // one fused projection, or q, k and v
   Projection output;
   std::vector<Projection> gate_up;  // one fused projection, or gate and up
   Projection down;
+  // Gemma 3's RMSNorm of the attention's and the feed-forward layer's outputs before each is added
+  // to the residual stream: float32 [D], or empty tensors
+  at::Tensor attention_out_norm, feed_forward_out_norm;
+  // A local layer's sliding window (Gemma 3): each row attends over its last `window` keys, itself
+  // included, with the local rotary embedding; 0: a global layer (every key up to the row)
+  int64_t window = 0;
 };
 
 // A projection as the layer stack runs it: its weight, bias and outputs, and where those go in
@@ -205,19 +212,21 @@ struct Step {
   bool groups[2] = {false, false};      // which group sizes (16, 32) its parts take activations in
 };
 
-// The whole stack of Llama/Qwen2/Qwen3 decoder layers in one call (decoder.cpp).
+// The whole stack of Llama/Qwen2/Qwen3/Gemma 3 decoder layers in one call (decoder.cpp).
 class LayerStack {
  public:
+  // gelu: the feed-forward layers are GeGLU with tanh GELU (Gemma) instead of SwiGLU
   LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling,
-             double eps);
+             double eps, bool gelu);
 
   // hidden [n, D] float32 -> [n, D] after every layer. Per layer float16 (or float32) caches
   // holding `start` tokens: keys [kv_heads, capacity / kKeyBlock, head_dim, kKeyBlock] (blocks of keys, each
   // transposed), values [kv_heads, capacity, head_dim];
   // this call writes positions start..start+n-1. cos/sin [n, head_dim]: the rotary embedding of
-  // those positions.
+  // those positions; local_cos/local_sin the same for local layers (defined when any layer is local).
   at::Tensor forward(at::Tensor hidden, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
-                     at::Tensor cos, at::Tensor sin, int64_t start);
+                     at::Tensor cos, at::Tensor sin, int64_t start, std::optional<at::Tensor> local_cos,
+                     std::optional<at::Tensor> local_sin);
 
  private:
   struct Steps {
@@ -231,4 +240,5 @@ class LayerStack {
   int64_t heads_, kv_heads_, head_dim_;
   float scaling_;
   double eps_;
+  bool gelu_;
 };

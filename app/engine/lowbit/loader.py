@@ -28,9 +28,13 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
     with gguf_file.shared_reader(path) as reader:  # one parse for the config and the tensors
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     _take_head_dim(config, reader)
+    if config.model_type == "gemma3_text":
+        _take_gemma3_settings(config, reader)
     with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    processor = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=config.to_dict())
+    # transformers names a Gemma 3 GGUF's model gemma3_text, and its processor (the norms' 1 + w) gemma3
+    kind = {"gemma3_text": "gemma3"}.get(config.model_type, config.model_type)
+    processor = TENSOR_PROCESSORS.get(kind, TensorProcessor)(config=config.to_dict())
     with gguf_file.tensor_name_map_built_once():
         names = get_gguf_hf_weights_map(model, processor)  # GGUF name -> HF parameter name
     modules = dict(model.named_modules())
@@ -58,7 +62,7 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
     for module_name, packed in packed_by_name.items():
         parent_name, _, child = module_name.rpartition(".")
         old = modules[module_name]
-        new = LowBitEmbedding(packed) if isinstance(old, nn.Embedding) else \
+        new = LowBitEmbedding(packed, getattr(old, "scalar_embed_scale", None)) if isinstance(old, nn.Embedding) else \
             LowBitLinear(packed, _real(old.bias), old.out_features)
         setattr(modules[parent_name] if parent_name else model, child, new)
     if config.tie_word_embeddings and "lm_head" not in packed_by_name:
@@ -75,6 +79,18 @@ def _take_head_dim(config, reader) -> None:
     field = reader.fields.get(f"{reader.fields['general.architecture'].contents()}.attention.key_length")
     if field is not None and hasattr(config, "head_dim"):
         config.head_dim = int(field.contents())
+
+
+def _take_gemma3_settings(config, reader) -> None:
+    """What a Gemma 3 GGUF implies and transformers' reading leaves at its defaults, as llama.cpp
+    reads it: queries scaled by 1 / sqrt(head width) (1 / sqrt(width / heads) for the 27B model,
+    62 layers), and the global layers' rotary scaling (linear, a factor of 8 on the 4B and larger)."""
+    heads = config.num_attention_heads
+    config.query_pre_attn_scalar = config.hidden_size // heads if config.num_hidden_layers == 62 else config.head_dim
+    field = lambda key: reader.fields.get(f"gemma3.{key}")
+    kind, factor = field("rope.scaling.type"), field("rope.scaling.factor")
+    if kind is not None and factor is not None and kind.contents() == "linear":
+        config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(factor.contents()))
 
 
 def _real(bias: torch.Tensor | None) -> torch.Tensor | None:

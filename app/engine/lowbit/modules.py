@@ -41,12 +41,21 @@ class LowBitLinear(_Packed):
 
 
 class LowBitEmbedding(_Packed):
-    def __init__(self, weight: PackedWeight) -> None:
+    def __init__(self, weight: PackedWeight, scale: float | None = None) -> None:
+        """scale: what the rows are multiplied by (Gemma's embedding: the width's square root)."""
         super().__init__(weight)
         self.embedding_dim = weight.in_features
+        self.scalar_embed_scale = scale  # transformers' name for it on Gemma's embedding
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids [...] long -> [..., dim]
-        return kernel.rows(ids.reshape(-1), self.packed).view(*ids.shape, self.embedding_dim)
+        rows = kernel.rows(ids.reshape(-1), self.packed).view(*ids.shape, self.embedding_dim)
+        return rows if self.scalar_embed_scale is None else rows * embedding_scale(self)
+
+
+def embedding_scale(embedding: nn.Module) -> torch.Tensor | None:
+    """A scaled embedding's scale as float32, as transformers rounds it; None for others."""
+    scale = getattr(embedding, "scalar_embed_scale", None)
+    return None if scale is None else torch.tensor(scale, dtype=torch.float32)
 
 
 def width_for(module_name: str, bits: int | None, feed_forward_bits: int | None) -> int | None:
@@ -74,7 +83,8 @@ def quantize_model(model: nn.Module, bits: int, group: int = 32, feed_forward_bi
                 width = width_for(f"{parent_name}.{name}", bits, feed_forward_bits)
                 setattr(parent, name, LowBitLinear(packed_of(child.weight, width), child.bias, child.out_features))
             elif isinstance(child, nn.Embedding) and child.embedding_dim % group == 0:
-                setattr(parent, name, LowBitEmbedding(packed_of(child.weight, bits)))
+                scale = getattr(child, "scalar_embed_scale", None)
+                setattr(parent, name, LowBitEmbedding(packed_of(child.weight, bits), scale))
     return model
 
 

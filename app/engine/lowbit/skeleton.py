@@ -1,4 +1,4 @@
-"""The module tree of a Llama/Qwen2/Qwen3 decoder without transformers' modeling code.
+"""The module tree of a Llama/Qwen2/Qwen3/Gemma 3 decoder without transformers' modeling code.
 
 A low-bit model from the cache runs only through lean_decoder.LeanDecoder, which needs the
 tree's modules and the config. Building transformers' own model for it imported transformers'
@@ -13,15 +13,28 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-SUPPORTED = {"qwen2", "llama", "qwen3"}
+SUPPORTED = {"qwen2", "llama", "qwen3", "gemma3_text"}  # transformers names a Gemma 3 GGUF's model gemma3_text
 # Rotary types whose frequencies do not change with the sequence (transformers' dynamic ones do)
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
+LOCAL, GLOBAL = "sliding_attention", "full_attention"  # Gemma 3's layer types
 
 
 def runs_lean(config) -> bool:
     """Whether lean_decoder.LeanDecoder runs a model of this config."""
-    return (config.model_type in SUPPORTED and not getattr(config, "use_sliding_window", False)
-            and getattr(config, "pretraining_tp", 1) == 1 and config.hidden_act == "silu")
+    if config.model_type not in SUPPORTED:
+        return False
+    if is_gemma(config):
+        return (config.hidden_activation == "gelu_pytorch_tanh" and not config.use_bidirectional_attention
+                and config.attn_logit_softcapping is None and config.final_logit_softcapping is None)
+    return (not getattr(config, "use_sliding_window", False) and getattr(config, "pretraining_tp", 1) == 1
+            and config.hidden_act == "silu")
+
+
+def is_gemma(config) -> bool:
+    """Gemma 3: norms scale by 1 + weight, a norm after attention and after the feed-forward layer
+    too, embeddings scaled by the width's square root, GeGLU (tanh GELU), and local layers that
+    attend over a sliding window with rotary frequencies of their own."""
+    return config.model_type == "gemma3_text"
 
 
 def can_build(config) -> bool:
@@ -31,7 +44,20 @@ def can_build(config) -> bool:
 
 def static_rope(config) -> bool:
     """Whether the rotary embedding of a position is the same whatever else is in the sequence."""
-    return _rope(config)["rope_type"] in STATIC_ROPE
+    return all(_rope(config, kind)["rope_type"] in STATIC_ROPE for kind in {GLOBAL, *(LOCAL for _ in local_layers(config))})
+
+
+def local_layers(config) -> dict[int, int]:
+    """{layer index: its sliding window} of the layers that attend over one (Gemma 3's local
+    layers: a token sees the window's last keys, itself included)."""
+    if not is_gemma(config):
+        return {}
+    return {i: config.sliding_window for i, kind in enumerate(config.layer_types) if kind == LOCAL}
+
+
+def norm_offset(config) -> float:
+    """What an RMSNorm adds to its weight before scaling (Gemma's norms scale by 1 + weight)."""
+    return 1.0 if is_gemma(config) else 0.0
 
 
 def head_dim(config) -> int:
@@ -40,12 +66,14 @@ def head_dim(config) -> int:
 
 
 def has_head_norms(config) -> bool:
-    """Whether each query and key head is RMS-normalised before the rotary embedding (Qwen3)."""
-    return config.model_type == "qwen3"
+    """Whether each query and key head is RMS-normalised before the rotary embedding (Qwen3, Gemma 3)."""
+    return config.model_type == "qwen3" or is_gemma(config)
 
 
-def _rope(config) -> dict:
+def _rope(config, kind: str = GLOBAL) -> dict:
     parameters = getattr(config, "rope_parameters", None) or {}
+    if is_gemma(config):
+        parameters = parameters[kind]
     return {"rope_type": "default", **parameters}
 
 
@@ -59,11 +87,12 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """cos and sin of each position, as transformers' Llama/Qwen2 rotary embedding computes them."""
+    """cos and sin of each position, as transformers' Llama/Qwen2 rotary embedding computes them
+    (kind: Gemma 3's layer type whose frequencies these are)."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, kind: str = GLOBAL) -> None:
         super().__init__()
-        rope = _rope(config)
+        rope = _rope(config, kind)
         if rope["rope_type"] == "default":
             size = head_dim(config)
             inverse = 1.0 / (rope["rope_theta"] ** (torch.arange(0, size, 2, dtype=torch.float) / size))
@@ -71,7 +100,8 @@ class RotaryEmbedding(nn.Module):
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inverse, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, torch.device("cpu"))
+            extra = {"layer_type": kind} if is_gemma(config) else {}
+            inverse, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, torch.device("cpu"), **extra)
         self.register_buffer("inv_freq", inverse.float(), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +122,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(heads * size, config.hidden_size, bias=getattr(config, "attention_bias", False))
         if has_head_norms(config):
             self.q_norm, self.k_norm = RMSNorm(size, config.rms_norm_eps), RMSNorm(size, config.rms_norm_eps)
-        self.scaling = size**-0.5
+        self.scaling = (config.query_pre_attn_scalar if is_gemma(config) else size) ** -0.5
 
 
 class MLP(nn.Module):
@@ -102,7 +132,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act_fn = F.silu
+        self.act_fn = (lambda x: F.gelu(x, approximate="tanh")) if is_gemma(config) else F.silu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
@@ -115,14 +145,40 @@ class Layer(nn.Module):
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if is_gemma(config):
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+def layer_norm_names(config) -> tuple[str, ...]:
+    """A layer's RMSNorms: Llama's two (before attention, before the feed-forward layer), or
+    Gemma 3's four (before and after each)."""
+    if is_gemma(config):
+        return ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+    return ("input_layernorm", "post_attention_layernorm")
+
+
+class ScaledEmbedding(nn.Embedding):
+    """An embedding whose rows are multiplied by scalar_embed_scale where it is not None (Gemma)."""
+
+    scalar_embed_scale: float | None = None
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        from .modules import embedding_scale
+
+        rows = super().forward(token_ids)
+        return rows if self.scalar_embed_scale is None else rows * embedding_scale(self)
 
 
 class Decoder(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         # A given weight skips the initialisation (its normal_ imports torch._dynamo: 1.6 s)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
-                                         _weight=torch.empty(config.vocab_size, config.hidden_size), _freeze=True)
+        self.embed_tokens = ScaledEmbedding(config.vocab_size, config.hidden_size,
+                                            _weight=torch.empty(config.vocab_size, config.hidden_size), _freeze=True)
+        # Gemma's embeddings are multiplied by the width's square root (a low-bit one in the store
+        # takes the scale in its place)
+        self.embed_tokens.scalar_embed_scale = config.hidden_size**0.5 if is_gemma(config) else None
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -158,7 +214,7 @@ def as_transformers(model: nn.Module) -> nn.Module:
     wrapped.model.embed_tokens, wrapped.lm_head = model.model.embed_tokens, model.lm_head
     wrapped.model.norm.weight = model.model.norm.weight
     for theirs, ours in zip(wrapped.model.layers, model.model.layers):
-        for name in ("input_layernorm", "post_attention_layernorm"):  # theirs compute, ours only hold
+        for name in layer_norm_names(model.config):  # theirs compute, ours only hold
             getattr(theirs, name).weight = getattr(ours, name).weight
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             setattr(theirs.self_attn, name, getattr(ours.self_attn, name))

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 
 LAYOUT = "lowbit.json"
 WEIGHTS = "lowbit.safetensors"
-FORMAT = 9  # bump when the packed layout changes, so old caches are rebuilt (4: coded 4- and 6-bit scales; 5: Q5_K in 5 bits;
+FORMAT = 10  # bump when the packed layout changes, so old caches are rebuilt (4: coded 4- and 6-bit scales; 5: Q5_K in 5 bits;
 # 6: Q4_0, Q4_1, Q5_0 and Q5_1 in 4 and 5 bits; 7: Q4_0, Q5_0 and Q8_0 symmetric, no min stored, and
-# IQ4_NL and IQ4_XS in 4 bits through a table of values; 8: Q2_K in 2 bits; 9: Q3_K in 3 bits)
+# IQ4_NL and IQ4_XS in 4 bits through a table of values; 8: Q2_K in 2 bits; 9: Q3_K in 3 bits; 10: Gemma 3's
+# norms as the file means them and its embedding's scale, both lost before)
 
 
 def is_complete(folder: Path) -> bool:
@@ -45,7 +46,8 @@ def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Pat
         if isinstance(module, _Packed):
             owner = owners.setdefault(module.w_q.data_ptr(), name)  # tied weights are stored once
             layout[name] = {"kind": type(module).__name__, "bits": module.bits, "group": module.group,
-                            "weights_of": owner, "out_features": getattr(module, "out_features", None)}
+                            "weights_of": owner, "out_features": getattr(module, "out_features", None),
+                            "scale": getattr(module, "scalar_embed_scale", None)}
     for name, tensor in model.state_dict().items():
         module_name = name.rpartition(".")[0]
         if module_name in layout and layout[module_name]["weights_of"] != module_name:
@@ -68,7 +70,7 @@ def load(folder: Path) -> tuple[nn.Module, PreTrainedTokenizerBase]:
         source = spec["weights_of"]
         packed = PackedWeight(*(tensors[f"{source}.w_{part}"] for part in PackedWeight.TENSORS), spec["bits"], spec["group"])
         bias = tensors.get(f"{name}.bias")
-        module = LowBitEmbedding(packed) if spec["kind"] == "LowBitEmbedding" else \
+        module = LowBitEmbedding(packed, spec.get("scale")) if spec["kind"] == "LowBitEmbedding" else \
             LowBitLinear(packed, bias, spec["out_features"])
         model.set_submodule(name, module)
     for name, tensor in tensors.items():

@@ -1,0 +1,83 @@
+"""Decoder GGUFs written from arrays: tiny files for the tests, random full-size ones for timing
+architectures whose weights cannot be downloaded here (tools/random_gguf.py).
+
+Norm weights are written as the file stores them: Gemma's as 1 + w, as llama.cpp's converter
+writes them (transformers' reading subtracts the 1 again).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+# Per-layer norms besides attn_norm and ffn_norm, by architecture
+HEAD_NORMS = ("attn_q_norm", "attn_k_norm")
+EXTRA_NORMS = {"qwen3": HEAD_NORMS, "gemma3": (*HEAD_NORMS, "post_attention_norm", "post_ffw_norm")}
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    width: int
+    inner: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocabulary: int
+    rope_base: float = 1_000_000.0
+    sliding_window: int | None = None  # Gemma 3's local layers
+    rope_linear_factor: float | None = None  # Gemma 3 4B and larger: its global layers' rotary scaling
+    context: int = 32768
+
+
+def write(path: Path, architecture: str, shape: Shape, weight: Callable[[tuple[int, int]], tuple],
+          norm: Callable[[int], np.ndarray], tied: bool = True, tokenizer_from: Path | None = None) -> None:
+    """weight(shape) -> (array, raw_dtype or None) of a [rows, columns] matrix; norm(n) -> float32
+    [n]. tokenizer_from: a GGUF whose tokenizer entries are copied (else none is written)."""
+    s = shape
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_context_length(s.context)
+    writer.add_embedding_length(s.width)
+    writer.add_block_count(s.layers)
+    writer.add_feed_forward_length(s.inner)
+    writer.add_head_count(s.heads)
+    writer.add_head_count_kv(s.kv_heads)
+    writer.add_key_length(s.head_dim)
+    writer.add_value_length(s.head_dim)
+    writer.add_rope_freq_base(s.rope_base)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(s.vocabulary)
+    if s.sliding_window:
+        writer.add_sliding_window(s.sliding_window)
+    if s.rope_linear_factor:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(s.rope_linear_factor)
+    if tokenizer_from is not None:
+        for name, field in gguf.GGUFReader(tokenizer_from).fields.items():
+            if name.startswith("tokenizer."):
+                sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+                writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
+
+    def add_matrix(name: str, rows: int, columns: int) -> None:
+        array, raw_dtype = weight((rows, columns))
+        writer.add_tensor(name, array, raw_dtype=raw_dtype)
+
+    add_matrix("token_embd.weight", s.vocabulary, s.width)
+    if not tied:
+        add_matrix("output.weight", s.vocabulary, s.width)
+    writer.add_tensor("output_norm.weight", norm(s.width))
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    for i in range(s.layers):
+        for name in ("attn_norm", "ffn_norm", *EXTRA_NORMS.get(architecture, ())):
+            writer.add_tensor(f"blk.{i}.{name}.weight", norm(s.head_dim if name in HEAD_NORMS else s.width))
+        for name, rows, columns in [("attn_q", q, s.width), ("attn_k", kv, s.width), ("attn_v", kv, s.width),
+                                    ("attn_output", s.width, q), ("ffn_gate", s.inner, s.width),
+                                    ("ffn_up", s.inner, s.width), ("ffn_down", s.width, s.inner)]:
+            add_matrix(f"blk.{i}.{name}.weight", rows, columns)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
