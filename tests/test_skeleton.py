@@ -1,5 +1,7 @@
 """A low-bit model from the cache loads into our own module tree (no transformers modeling code)
 and computes exactly what the transformers model it was saved from computes."""
+import json
+
 import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config
@@ -45,6 +47,32 @@ def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp
         logits = ours.forward(tokens, keep)
         assert torch.equal(logits, original.forward(tokens, keep))
         assert torch.allclose(logits, reference.forward(tokens, keep), atol=1e-4, rtol=1e-4)
+
+
+def test_the_store_keeps_projections_fused(tmp_path):
+    """q/k/v and gate/up are stored fused and load as one weight each that the separate modules
+    view (no copy at load, each weight once in memory), with the biases of both; tied weights
+    are stored once."""
+    from app.engine.cpu_linear import model_bytes
+
+    model, loaded = saved_and_loaded(tmp_path)
+    layout = json.loads((tmp_path / "stored" / store.LAYOUT).read_text())["modules"]
+    attention = loaded.model.layers[0].self_attn
+    assert layout["model.layers.0.self_attn.k_proj"]["weights_of"] == "model.layers.0.self_attn.fused_qkv"
+    for part in (attention.q_proj, attention.k_proj, attention.v_proj):
+        assert part.w_q.untyped_storage().data_ptr() == attention.fused_qkv.w_q.untyped_storage().data_ptr()
+        assert part.bias is not None and part.bias.abs().sum() > 0  # Qwen2's, given values above
+    assert torch.equal(attention.fused_qkv.bias, torch.cat([attention.q_proj.bias, attention.k_proj.bias,
+                                                           attention.v_proj.bias]))
+    mlp = loaded.model.layers[1].mlp
+    assert mlp.up_proj.w_q.untyped_storage().data_ptr() == mlp.fused_gate_up.w_q.untyped_storage().data_ptr()
+    assert lean_decoder.fused_projections(loaded)[0][0] is attention.fused_qkv
+    assert model_bytes(loaded) == model_bytes(model)
+    tied = tiny_model(seed=8, hidden=64)
+    tied.model.lm_head.weight = tied.model.model.embed_tokens.weight
+    store.save(quantize_model(tied.model, 4), tied.tokenizer, tmp_path / "tied")
+    layout = json.loads((tmp_path / "tied" / store.LAYOUT).read_text())["modules"]
+    assert layout["model.embed_tokens"]["weights_of"] == "lm_head"
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .lowbit import kernel, skeleton
-from .lowbit.modules import LowBitEmbedding, LowBitLinear, embedding_scale, fuse
+from .lowbit.modules import LowBitEmbedding, LowBitLinear, embedding_scale, fuse_projections
 from .prefix_cache import PrefixStore, Snapshot
 
 PREFILL_CHUNK = 256  # rows per native stack call (64 to 256 read a 2,000-token prompt equally fast)
@@ -258,7 +258,6 @@ class LeanDecoder:
         return hidden
 
 
-_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -306,13 +305,13 @@ def native_stack(model: nn.Module):
 
 def fused_projections(model: nn.Module) -> tuple[list, list]:
     """Per layer, q/k/v and gate/up as one kernel call each where their formats agree (None:
-    separate calls). Made once per model: every engine on the model shares them, and the weights
-    stay in memory once (the original modules view slices of the fused ones)."""
-    if model not in _FUSED:
-        layers = model.model.layers
-        _FUSED[model] = ([fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]) for layer in layers],
-                         [fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers])
-    return _FUSED[model]
+    separate calls). Made once per model (a model from the store holds them already): every
+    engine on the model shares them, and the weights stay in memory once (the original modules
+    view slices of the fused ones)."""
+    layers = model.model.layers
+    fuse_projections(layers)
+    return ([getattr(layer.self_attn, "fused_qkv", None) for layer in layers],
+            [getattr(layer.mlp, "fused_gate_up", None) for layer in layers])
 
 
 # The embedding lookup and the final norm go straight to the kernel where it is built: through the

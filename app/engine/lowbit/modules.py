@@ -88,6 +88,23 @@ def quantize_model(model: nn.Module, bits: int, group: int = 32, feed_forward_bi
     return model
 
 
+# Per decoder layer block, the fused projection's name and the projections it computes
+FUSED = {"self_attn": ("fused_qkv", ("q_proj", "k_proj", "v_proj")), "mlp": ("fused_gate_up", ("gate_proj", "up_proj"))}
+
+
+def fuse_projections(layers: nn.ModuleList) -> None:
+    """Per Llama-style decoder layer, q/k/v and gate/up as one low-bit linear each where their
+    formats agree, held beside them (self_attn.fused_qkv, mlp.fused_gate_up), so the store keeps
+    them fused and a loaded model needs no copy. Blocks fused already are left as they are."""
+    for layer in layers:
+        for block_name, (fused_name, part_names) in FUSED.items():
+            block = getattr(layer, block_name)
+            if not hasattr(block, fused_name):
+                fused = fuse([getattr(block, name) for name in part_names])
+                if fused is not None:
+                    setattr(block, fused_name, fused)
+
+
 def fuse(linears: list[nn.Module]) -> LowBitLinear | None:
     """One low-bit linear computing several that read the same input (q/k/v, gate/up), or None
     when they differ in format. The originals are re-pointed at slices of the fused weight, so
