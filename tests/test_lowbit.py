@@ -196,7 +196,7 @@ def test_gguf_rows_follow_the_architecture_order():
 
 
 def write_tiny_gguf(path, architecture, layers=2, width=64, inner=128, heads=4, kv_heads=2, head_dim=16,
-                    vocabulary=96, **settings):
+                    vocabulary=96, extra=None, **settings):
     """A GGUF in Q8_0 whose heads are narrower than the architecture's usual ones; returns each
     layer's norms as the file stores them ({GGUF name: float32 array})."""
     from gguf.quants import quantize
@@ -210,9 +210,9 @@ def write_tiny_gguf(path, architecture, layers=2, width=64, inner=128, heads=4, 
     norm = lambda n: norms.append((1 + 0.3 * rng.standard_normal(n)).astype(np.float32)) or norms[-1]
     shape = gguf_writing.Shape(layers, width, inner, heads, kv_heads, head_dim, vocabulary, rope_base=10000.0,
                                context=256, **settings)
-    gguf_writing.write(path, architecture, shape, weight, norm, tied=False)
-    per_layer = 2 + len(gguf_writing.EXTRA_NORMS[architecture])
-    names = ["attn_norm", "ffn_norm", *gguf_writing.EXTRA_NORMS[architecture]]
+    gguf_writing.write(path, architecture, shape, weight, norm, tied=False, extra=extra)
+    extra_norms = gguf_writing.EXTRA_NORMS.get(architecture, ())
+    per_layer, names = 2 + len(extra_norms), ["attn_norm", "ffn_norm", *extra_norms]
     return [dict(zip(names, norms[1 + i * per_layer: 1 + (i + 1) * per_layer])) for i in range(layers)]
 
 
@@ -253,6 +253,44 @@ def test_a_qwen3_or_gemma3_gguf_loads_low_bit_and_runs_lean(tmp_path, architectu
     assert isinstance(ours, lean_decoder.LeanDecoder)
     for tokens, keep in ((torch.arange(3, 40) % 96, 1), (torch.tensor([5, 17, 29, 41]), 4)):
         assert torch.allclose(ours.forward(tokens, keep), reference.forward(tokens, keep), atol=1e-4, rtol=1e-4)
+
+
+def test_a_llama3_gguf_keeps_its_rotary_scaling(tmp_path):
+    """llama.cpp's files carry Llama 3.1 and later's rotary scaling as a divisor per frequency
+    (rope_freqs), which transformers' reading drops: the low-bit model, its stored copy and the
+    fp32 reference's folder all take it, giving the frequencies of the original model's llama3
+    scaling."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from app.engine.cached_model import CachedModel, cached
+    from app.engine.lowbit import store
+    from app.engine.lowbit.loader import load_gguf_lowbit
+
+    original = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=256,
+                           rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 64})
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](original, torch.device("cpu"))
+    plain = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float) / 16))
+    assert not torch.allclose(plain, scaled)  # the scaling changes some frequencies ...
+    write_tiny_gguf(tmp_path / "tiny.gguf", "llama", extra={"rope_freqs.weight": (plain / scaled).numpy()})
+    model = load_gguf_lowbit(tmp_path / "tiny.gguf")
+    assert torch.allclose(model.model.rotary_emb.inv_freq, scaled, rtol=1e-6)  # ... and the file's are those
+    store.save(model, tiny_model(1).tokenizer, tmp_path / "stored")
+    loaded, _ = store.load(tmp_path / "stored")
+    assert torch.equal(loaded.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
+    ours, reference = cached(loaded, cache_dtype=torch.float32), CachedModel(model)
+    tokens = torch.arange(3, 90) % 96  # past the scaling's 64 positions
+    assert torch.allclose(ours.forward(tokens, 1), reference.forward(tokens, 1), atol=1e-4, rtol=1e-4)
+    # the fp32 reference: a GGUF is dequantized into a folder whose config carries the divisors
+    from transformers import LlamaForCausalLM
+
+    folder_config = LlamaConfig(**{**model.config.to_dict(), "architectures": None})
+    LlamaForCausalLM(folder_config).save_pretrained(tmp_path / "fp32")
+    tiny_model(1).tokenizer.save_pretrained(tmp_path / "fp32")
+    fp32 = load_model(str(tmp_path / "fp32"), precision=Precision.FP32)
+    assert torch.equal(fp32.model.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
 
 
 def low_bit_copy(model: LoadedModel, bits: int) -> LoadedModel:

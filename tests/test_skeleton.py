@@ -51,8 +51,7 @@ def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp
 
 def test_the_store_keeps_projections_fused(tmp_path):
     """q/k/v and gate/up are stored fused and load as one weight each that the separate modules
-    view (no copy at load, each weight once in memory), with the biases of both; tied weights
-    are stored once."""
+    view (each weight once in memory), with the biases of both; tied weights are stored once."""
     from app.engine.cpu_linear import model_bytes
 
     model, loaded = saved_and_loaded(tmp_path)
@@ -67,6 +66,8 @@ def test_the_store_keeps_projections_fused(tmp_path):
     mlp = loaded.model.layers[1].mlp
     assert mlp.up_proj.w_q.untyped_storage().data_ptr() == mlp.fused_gate_up.w_q.untyped_storage().data_ptr()
     assert lean_decoder.fused_projections(loaded)[0][0] is attention.fused_qkv
+    # every tensor copied into one buffer (asked to be backed by huge pages), counted without its gaps
+    assert loaded.lm_head.w_q.untyped_storage().data_ptr() == attention.fused_qkv.w_q.untyped_storage().data_ptr()
     assert model_bytes(loaded) == model_bytes(model)
     tied = tiny_model(seed=8, hidden=64)
     tied.model.lm_head.weight = tied.model.model.embed_tokens.weight

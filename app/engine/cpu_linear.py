@@ -49,27 +49,30 @@ def quantize_linears_int8(model: nn.Module) -> nn.Module:
 
 
 def model_bytes(model: nn.Module) -> int:
-    """Bytes of weights: each storage once (tied weights, fused low-bit weights viewed by
-    several modules), packed oneDNN buffers and quantized tensors by their own size. Empty
-    tensors count nothing and are not remembered: loaded from a safetensors file, one points
-    where the next tensor's data starts, which then had counted as already seen."""
-    seen: set[int] = set()
+    """Bytes of weights: the memory the model's tensors occupy, each byte once (tied weights,
+    fused low-bit weights viewed by several modules, tensors sharing one buffer: the store's
+    huge-page buffer has gaps for alignment that hold nothing), packed oneDNN buffers and
+    quantized tensors by their own size."""
+    ranges: set[tuple[int, int]] = set()
+    opaque: dict[int, int] = {}
 
-    def size(value) -> int:
-        if isinstance(value, torch.Tensor):
-            if value.numel() == 0:
-                return 0
+    def collect(value) -> None:
+        if isinstance(value, torch.Tensor) and value.numel() > 0:
             if value.is_mkldnn or value.is_quantized:
-                key, nbytes = id(value), value.numel() * value.element_size()
+                opaque[id(value)] = value.numel() * value.element_size()
             else:
-                key, nbytes = value.untyped_storage().data_ptr(), value.untyped_storage().nbytes()
-            if key in seen:
-                return 0
-            seen.add(key)
-            return nbytes
-        if isinstance(value, (tuple, list)):
-            return sum(size(v) for v in value)
-        return 0
+                ranges.add((value.data_ptr(), value.data_ptr() + value.numel() * value.element_size()))
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                collect(v)
 
-    return sum(size(v) for v in model.state_dict(keep_vars=True).values()) + sum(
-        size(b) for b in model.buffers() if b.is_mkldnn)
+    for value in model.state_dict(keep_vars=True).values():
+        collect(value)
+    for buffer in model.buffers():
+        if buffer.is_mkldnn:
+            collect(buffer)
+    total, end = 0, 0
+    for first, last in sorted(ranges):  # the union of the ranges
+        total += max(0, last - max(first, end))
+        end = max(end, last)
+    return total + sum(opaque.values())

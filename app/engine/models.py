@@ -180,7 +180,8 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     lowbit_store.save(model, tokenizer, folder)
     if packaged:
         gguf_path.unlink()  # the parts can rebuild it; the cache keeps only the repacked tensors
-    return model, tokenizer
+    del model
+    return lowbit_store.load(folder)  # as every later start runs it (its own module tree, huge pages)
 
 
 def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase:
@@ -202,7 +203,11 @@ def _from_pretrained(*args, **kwargs) -> PreTrainedModel:
     float model is loaded (a cached low-bit model needs none of it)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(*args, **kwargs)
+    from .lowbit import skeleton
+
+    model = AutoModelForCausalLM.from_pretrained(*args, **kwargs)
+    skeleton.divide_rope_frequencies(model)  # a folder dequantized from a Llama 3.1+ GGUF
+    return model
 
 
 def _tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
@@ -245,8 +250,12 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
     if (folder / "config.json").is_file():
         return folder
     report(f"Dequantizing {name} (first start only, about a minute)", None)
+    from .lowbit import gguf_file, loader
+
     try:
-        model = _from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        with gguf_file.shared_reader(gguf_path) as reader:  # one parse for the model and its rotary divisors
+            model = _from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+            loader.take_rope_divisors(model, reader)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
         raise ModelError(f"Cannot read GGUF file {gguf_path}: {error}") from error

@@ -1,8 +1,8 @@
 // The whole stack of Llama/Qwen2/Qwen3/Gemma 3 decoder layers in one call: per layer RMSNorm,
 // q/k/v projections (Qwen3, Gemma 3: each query and key head RMS-normalised), rotary embedding, the
 // KV-cache write, causal attention (Gemma 3's local layers: over a sliding window), the output
-// projection, RMSNorm and the SwiGLU (Gemma: GeGLU) MLP, with the residual adds (Gemma 3:
-// each of the two outputs RMS-normalised before its add). In Python the same layer is about 30 tensor
+// projection, RMSNorm and the SwiGLU (Gemma: GeGLU) MLP, with the residual adds (Gemma 3: each
+// of the two outputs RMS-normalised before its add). In Python the same layer is about 30 tensor
 // operations whose dispatch cost (about 0.5 ms per layer on 2 cores) was a quarter of a low-bit
 // draft's pass; here it is a loop over raw buffers.
 //
@@ -112,8 +112,9 @@ void with_heads(int64_t heads, F&& f) {
 
 // Scaled scores q.k of H query heads of one row (queries [H, head_dim]) against the keys j0 ..
 // j0 + 63 from `lo` (a sliding window's first) and below `length`, into scores (H rows of
-// `score_stride`), and each head's running 16-lane maximum `best` [H]. keys: a kv head's cache, blocks of kKeyBlock keys, each block
-// transposed [head_dim, kKeyBlock] (row d holds component d of the block's keys): 16 keys' scores
+// `score_stride`), and each head's running 16-lane maximum `best` [H]. keys: a kv head's cache,
+// blocks of kKeyBlock keys, each block transposed [head_dim, kKeyBlock] (row d holds component d
+// of the block's keys): 16 keys' scores
 // build up in one vector with no horizontal sums, and a block is one contiguous run of memory
 // (transposing the whole cache instead had put each component of a block on its own page).
 // Each key vector loaded feeds all H heads. Never inlined: each instantiation keeps its own
@@ -533,7 +534,7 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
   ws.gate_up.resize(n * 2 * widest_inner_);
   ws.inner.resize(n * widest_inner_);
   ws.padded.resize(n * widest_padded_);
-  ws.projected.resize(n * d);
+  ws.projected.resize(layers_[0].attention_out_norm.defined() ? n * d : 0);
   for (int g = 0; g < 2; ++g) {
     ws.values[g].resize(n * widest_input_);
     ws.steps[g].resize(n * widest_input_ / 16);

@@ -34,9 +34,11 @@ class Shape:
 
 
 def write(path: Path, architecture: str, shape: Shape, weight: Callable[[tuple[int, int]], tuple],
-          norm: Callable[[int], np.ndarray], tied: bool = True, tokenizer_from: Path | None = None) -> None:
+          norm: Callable[[int], np.ndarray], tied: bool = True, tokenizer_from: Path | None = None,
+          extra: dict[str, np.ndarray] | None = None) -> None:
     """weight(shape) -> (array, raw_dtype or None) of a [rows, columns] matrix; norm(n) -> float32
-    [n]. tokenizer_from: a GGUF whose tokenizer entries are copied (else none is written)."""
+    [n]. tokenizer_from: a GGUF whose tokenizer entries are copied (else none is written). extra:
+    more tensors by GGUF name (rope_freqs.weight: Llama 3's rotary frequency divisors)."""
     s = shape
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(s.context)
@@ -69,6 +71,8 @@ def write(path: Path, architecture: str, shape: Shape, weight: Callable[[tuple[i
     if not tied:
         add_matrix("output.weight", s.vocabulary, s.width)
     writer.add_tensor("output_norm.weight", norm(s.width))
+    for name, tensor in (extra or {}).items():
+        writer.add_tensor(name, tensor)
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     for i in range(s.layers):
         for name in ("attn_norm", "ffn_norm", *EXTRA_NORMS.get(architecture, ())):

@@ -13,11 +13,12 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-from . import gguf_file
+from . import gguf_file, skeleton
 from .gguf_weights import packed_from_gguf
 from .modules import LowBitEmbedding, LowBitLinear, width_for
 
 FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
+ROPE_FREQS = "rope_freqs.weight"
 
 
 def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
@@ -69,8 +70,18 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
         embedding = model.get_input_embeddings()
         if isinstance(embedding, LowBitEmbedding):
             model.lm_head = LowBitLinear(embedding.packed, out_features=model.lm_head.out_features)
+    take_rope_divisors(model, reader)
     _check_complete(model, path)
     return model.eval()
+
+
+def take_rope_divisors(model: nn.Module, reader) -> None:
+    """A GGUF's rotary frequency divisors (Llama 3.1 and later, see skeleton.divide_rope_frequencies)
+    into the model's config (the store keeps them) and its rotary table."""
+    tensor = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if tensor is not None:
+        model.config.rope_freq_divisors = [float(d) for d in dequantize(tensor.data, tensor.tensor_type).reshape(-1)]
+        skeleton.divide_rope_frequencies(model)
 
 
 def _take_head_dim(config, reader) -> None:

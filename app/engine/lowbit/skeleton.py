@@ -47,6 +47,20 @@ def static_rope(config) -> bool:
     return all(_rope(config, kind)["rope_type"] in STATIC_ROPE for kind in {GLOBAL, *(LOCAL for _ in local_layers(config))})
 
 
+def divide_rope_frequencies(model: nn.Module) -> None:
+    """Divides a just-built model's rotary frequencies by its config's rope_freq_divisors, where a
+    GGUF gave it some (its rope_freqs tensor: how llama.cpp's files carry Llama 3.1 and later's
+    rotary scaling, which transformers' reading drops, so their angles would differ from llama.cpp's
+    and the original model's). Every place that builds a model calls this once."""
+    divisors = getattr(model.config, "rope_freq_divisors", None)
+    if divisors is None:
+        return
+    rotary = model.model.rotary_emb
+    for name in ("inv_freq", "original_inv_freq"):  # transformers keeps a copy to return to
+        if hasattr(rotary, name):
+            setattr(rotary, name, getattr(rotary, name) / torch.tensor(divisors, dtype=torch.float32))
+
+
 def local_layers(config) -> dict[int, int]:
     """{layer index: its sliding window} of the layers that attend over one (Gemma 3's local
     layers: a token sees the window's last keys, itself included)."""
@@ -102,6 +116,7 @@ class RotaryEmbedding(nn.Module):
 
             extra = {"layer_type": kind} if is_gemma(config) else {}
             inverse, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, torch.device("cpu"), **extra)
+
         self.register_buffer("inv_freq", inverse.float(), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
