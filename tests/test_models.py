@@ -154,3 +154,15 @@ def test_a_damaged_prepared_copy_is_prepared_again(tmp_path, monkeypatch):
     assert generated_ids(SpeculativeEngine(again), prompt, speculative=False, max_new_tokens=6) == expected
     load_model(str(gguf))  # and the copy prepared again is read as it is
     assert len(repacked) == 2
+
+
+
+def test_a_turn_ends_at_the_chat_formats_end_of_turn_tokens():
+    """A GGUF names one end-of-sequence token; Gemma's is <eos> while its turns end with
+    <end_of_turn>: every special token that ends a turn in the common chat formats stops an answer
+    (the loop stops at any stop token, tested in test_limits), other special tokens do not."""
+    model = tiny_model(seed=3)
+    before = model.stop_tokens
+    model.tokenizer.add_special_tokens({"additional_special_tokens": ["<end_of_turn>", "<start_of_turn>", "<|eot_id|>"]})
+    end, start, eot = model.tokenizer.convert_tokens_to_ids(["<end_of_turn>", "<start_of_turn>", "<|eot_id|>"])
+    assert model.stop_tokens == before | {end, eot}

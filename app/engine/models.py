@@ -81,11 +81,21 @@ class LoadedModel:
 
     @property
     def stop_tokens(self) -> frozenset[int]:
+        """The end-of-sequence tokens the model and tokenizer name, and the special tokens that end a
+        turn in the common chat formats: a GGUF names one end-of-sequence token, and Gemma's is
+        <eos> while its turns end with <end_of_turn> (llama.cpp stops on these by their text too)."""
         eos = self.model.generation_config.eos_token_id
         ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
+        ids |= {token_id for text, token_id in self.tokenizer.get_added_vocab().items() if text in END_OF_TURN}
         return frozenset(ids)
+
+
+# Special tokens that end a turn (ChatML, Llama 3, Phi-3, Gemma, DeepSeek, ...), as llama.cpp's
+# vocabulary recognises them
+END_OF_TURN = frozenset({"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                         "<｜end▁of▁sentence｜>", "<EOT>"})
 
 
 def cache_dir() -> Path:
