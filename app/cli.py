@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="chat in the terminal")
     add_engine_arguments(chat)
     chat.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
+    chat.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=True,
+                      help="off: a reasoning model whose chat template can switch thinking off (Qwen3) answers directly")
     bench = commands.add_parser("bench", help="headless benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     from .bench import seed, speed, ui

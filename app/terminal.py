@@ -54,11 +54,11 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
                 continue
             # The answer's own tokens follow its prompt, so the model goes on where it stopped (under
             # greedy decoding, as a larger budget would have given it at once), as the window's Continue.
-            prompt_ids = chat_prompt_ids(target.tokenizer, messages[:-1]) + decoder.ids
+            prompt_ids = chat_prompt_ids(target.tokenizer, messages[:-1], args.thinking) + decoder.ids
         else:
             messages.append({"role": "user", "content": user})
             decoder = IncrementalDecoder(target.tokenizer)
-            prompt_ids = chat_prompt_ids(target.tokenizer, messages)
+            prompt_ids = chat_prompt_ids(target.tokenizer, messages, args.thinking)
         try:
             cut_short = _stream(engine, prompt_ids, options, decoder, colour)
         except PromptTooLongError as error:

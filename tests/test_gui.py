@@ -616,3 +616,31 @@ def test_a_small_laptop_screen_holds_the_window_and_long_values_wrap_in_full(qtb
     qtbot.waitUntil(lambda: memory.height() >= memory.heightForWidth(memory.width()) > memory.fontMetrics().height())
     below = window.acceptance.context
     assert below.y() >= memory.y() + memory.height()  # the next row starts under the wrapped value
+
+
+QWEN3_STYLE_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}<assistant> "
+                        "{% if enable_thinking is defined and enable_thinking is false %}t90 t91 {% endif %}")
+
+
+def test_thinking_switches_off_where_the_chat_template_can(qtbot, make_window, tiny_models, monkeypatch):
+    """A reasoning model's template (Qwen3's enable_thinking) opens the answer with an empty
+    thinking block when thinking is off; the switch is off-limits where the template has none,
+    and is remembered."""
+    prompts = []
+    original = SpeculativeEngine.generate
+    monkeypatch.setattr(SpeculativeEngine, "generate",
+                        lambda self, ids, options, cancel=None: prompts.append(ids) or original(self, ids, options, cancel))
+    window = make_window()
+    assert not window.controls.thinking.isEnabled()  # the tiny target has no template
+    for model in tiny_models.values():
+        model.tokenizer.chat_template = QWEN3_STYLE_TEMPLATE
+    window = make_window()
+    assert window.controls.thinking.isEnabled() and window.controls.thinking.isChecked()
+    empty_thinking = window.engine.target.tokenizer("t90 t91", add_special_tokens=False).input_ids
+    send_and_wait(qtbot, window, "t5")
+    assert prompts[-1][-2:] != empty_thinking
+    window.controls.thinking.setChecked(False)
+    send_and_wait(qtbot, window, "t6")
+    assert prompts[-1][-2:] == empty_thinking
+    window.save_settings()
+    assert not make_window().controls.thinking.isChecked()

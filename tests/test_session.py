@@ -287,3 +287,17 @@ def test_a_continuation_finishes_a_character_split_at_the_stop():
     grown = more.message()
     assert grown.content == "aé" and [t.text for t in grown.tokens] == ["a", "é"]
     assert grown.stats.token_ids == (a[0], e_first, e_second) and grown.stats.finish is FinishReason.LENGTH
+
+
+def test_a_prompt_switches_thinking_off_only_where_the_template_can():
+    from app.chat.prompt import chat_prompt_ids, switches_thinking
+
+    tokenizer = tiny_model(seed=1).tokenizer
+    messages = [{"role": "user", "content": "t3"}]
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    assert not switches_thinking(tokenizer)
+    assert chat_prompt_ids(tokenizer, messages, thinking=False) == chat_prompt_ids(tokenizer, messages)
+    tokenizer.chat_template += "{% if enable_thinking is defined and enable_thinking is false %}t90{% endif %}"
+    assert switches_thinking(tokenizer)
+    off, on = chat_prompt_ids(tokenizer, messages, thinking=False), chat_prompt_ids(tokenizer, messages)
+    assert off == on + tokenizer("t90", add_special_tokens=False).input_ids

@@ -72,6 +72,7 @@ class ChatSession:
         self.request: Request | None = None
         self.builder: AnswerBuilder | None = None
         self.errors: list[str] = []  # save failures for the window to show; the data stays in memory
+        self.thinking = True  # False: reasoning models whose template can switch thinking off answer directly
         self._saved_at = 0.0
         self._streaming_id: int | None = None  # the streaming answer's row in the store, once saved
 
@@ -178,7 +179,7 @@ class ChatSession:
     def _begin(self, kind: RequestKind, prompt: list[dict], engine: SpeculativeEngine,
                options: GenerationOptions, continues: Message | None = None) -> Request:
         tokenizer = engine.target.tokenizer
-        prompt_ids = chat_prompt_ids(tokenizer, prompt)
+        prompt_ids = chat_prompt_ids(tokenizer, prompt, self.thinking)
         # Compare reruns a continued answer's prompt in one go: with the budget of both parts.
         made_with = options
         if continues is not None:

@@ -132,7 +132,15 @@ class ControlsPanel(QTabWidget):
             row, column = divmod(index, 2)
             grid.addWidget(QLabel(label), row, 2 * column)
             grid.addWidget(field, row, 2 * column + 1)
-        grid.setRowStretch(len(pairs) // 2, 1)
+        # Only where the target's chat template can switch it (Qwen3); the window enables it then
+        self.thinking = QCheckBox("Thinking (reasoning models that can switch it)")
+        self.thinking.setChecked(True)
+        self.thinking.setEnabled(False)
+        self.thinking.setToolTip("On, a reasoning model such as Qwen3 thinks before it answers; off, it answers\n"
+                                 "directly, sooner and shorter. Disabled where the target's chat template has no switch.")
+        rows = len(pairs) // 2
+        grid.addWidget(self.thinking, rows, 0, 1, 4)
+        grid.setRowStretch(rows + 1, 1)
         for page, title in ((speculation, "Speculation"), (models, "Models"), (sampling, "Sampling")):
             self.addTab(page, title)
 

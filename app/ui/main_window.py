@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QFileDialog, QFrame, QHB
 
 from ..chat.attachments import AttachmentError, file_block
 from ..chat.export import to_markdown
+from ..chat.prompt import switches_thinking
 from ..chat.session import ChatSession, RequestKind
 from ..chat.store import ChatStore, StoreError
 from ..engine.engine import ProposerKind, SpeculativeEngine
@@ -191,6 +192,8 @@ class MainWindow(QMainWindow):
         self.colouring.toggled.connect(self.apply_view_options)
         self.ghosts.toggled.connect(self.apply_view_options)
         self.dark_action.toggled.connect(self.apply_view_options)
+        self.session.thinking = self.controls.thinking.isChecked()
+        self.controls.thinking.toggled.connect(lambda on: setattr(self.session, "thinking", on))
         self.controls.models_changed.connect(self.load_models)
         self.controls.add_model_requested.connect(self.add_model)
         self.worker.step.connect(self._on_step)
@@ -232,6 +235,7 @@ class MainWindow(QMainWindow):
         c.min_p.setValue(s.value("min_p", c.min_p.value(), float))
         c.max_new_tokens.setValue(s.value("max_new_tokens", c.max_new_tokens.value(), int))
         c.seed.setValue(s.value("seed", c.seed.value(), int))
+        c.thinking.setChecked(s.value("thinking", True, bool))
         self.colouring.setChecked(s.value("colouring", True, bool))
         self.ghosts.setChecked(s.value("ghosts", False, bool))
         self.dark_action.setChecked(s.value("theme", "light") == "dark")
@@ -247,7 +251,8 @@ class MainWindow(QMainWindow):
                            ("proposer", options.proposer.value), ("temperature", options.sampling.temperature),
                            ("top_k", options.sampling.top_k), ("top_p", options.sampling.top_p),
                            ("min_p", options.sampling.min_p), ("max_new_tokens", options.max_new_tokens),
-                           ("seed", options.seed), ("colouring", self.colouring.isChecked()),
+                           ("seed", options.seed), ("thinking", c.thinking.isChecked()),
+                           ("colouring", self.colouring.isChecked()),
                            ("ghosts", self.ghosts.isChecked()), ("theme", self.theme.name),
                            (WINDOW_GEOMETRY, self.saveGeometry()),
                            *((key, splitter.saveState()) for key, splitter in self.splitters.items())]:
@@ -320,6 +325,7 @@ class MainWindow(QMainWindow):
             return
         self.engine = result.engine
         target, draft = self.engine.target, self.engine.draft
+        self.controls.thinking.setEnabled(switches_thinking(target.tokenizer))
         self._show_memory()
         self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}) with draft {draft.name} "
                                      f"({draft.precision})", 5000)
