@@ -573,10 +573,13 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
       void* value_cache = values[index].data_ptr();
       const float* cos_rows = layer.window > 0 ? local_cos_rows.data_ptr<float>() : global_cos;
       const float* sin_rows = layer.window > 0 ? local_sin_rows.data_ptr<float>() : global_sin;
-      const bool out_norms = layer.attention_out_norm.defined();
-      // Gemma 3: h's rows += the RMSNorm of `projected`'s, rows shared between the team
-      const auto add_normalised = [&](const at::Tensor& weight) {
-        const float* w = weight.data_ptr<float>();
+      // A step's products added to the residual stream h, or (Gemma 3: an output norm) first
+      // RMS-normalised, rows shared between the team (a row's norm needs the whole row: a barrier)
+      const auto add_to_residual = [&](const Step& step, PairRange* step_ranges, const at::Tensor& out_norm) {
+        if (!out_norm.defined()) return products_shared(step, n, ws, h, d, true, step_ranges, thread, threads);
+        products_shared(step, n, ws, ws.projected.data(), d, false, step_ranges, thread, threads);
+#pragma omp barrier
+        const float* w = out_norm.data_ptr<float>();
         const auto [begin, end] = share(n, thread, threads);
         for (int64_t row = begin; row < end; ++row) {
           const float* x = ws.projected.data() + row * d;
@@ -631,13 +634,7 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
 #pragma omp barrier
       quantize_share(steps.output, n, ws.attended.data(), ws, thread, threads, [](int64_t, int64_t, int64_t) {});
 #pragma omp barrier
-      if (out_norms) {
-        products_shared(steps.output, n, ws, ws.projected.data(), d, false, layer_ranges + 1 * threads, thread, threads);
-#pragma omp barrier
-        add_normalised(layer.attention_out_norm);
-      } else {
-        products_shared(steps.output, n, ws, h, d, true, layer_ranges + 1 * threads, thread, threads);
-      }
+      add_to_residual(steps.output, layer_ranges + 1 * threads, layer.attention_out_norm);
 #pragma omp barrier
       quantize_share(steps.gate_up, n, ws.normed.data(), ws, thread, threads, normalise(layer.post_norm));
 #pragma omp barrier
@@ -648,13 +645,7 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
         gated(gate, gate + inner, count, gelu_, ws.inner.data() + row * inner + column);
       });
 #pragma omp barrier
-      if (out_norms) {
-        products_shared(steps.down, n, ws, ws.projected.data(), d, false, layer_ranges + 3 * threads, thread, threads);
-#pragma omp barrier
-        add_normalised(layer.feed_forward_out_norm);
-      } else {
-        products_shared(steps.down, n, ws, h, d, true, layer_ranges + 3 * threads, thread, threads);
-      }
+      add_to_residual(steps.down, layer_ranges + 3 * threads, layer.feed_forward_out_norm);
 #pragma omp barrier
     }
   }
