@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .modules import embedding_scale
+
 SUPPORTED = {"qwen2", "llama", "qwen3", "gemma3_text"}  # transformers names a Gemma 3 GGUF's model gemma3_text
 # Rotary types whose frequencies do not change with the sequence (transformers' dynamic ones do)
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
@@ -44,7 +46,8 @@ def can_build(config) -> bool:
 
 def static_rope(config) -> bool:
     """Whether the rotary embedding of a position is the same whatever else is in the sequence."""
-    return all(_rope(config, kind)["rope_type"] in STATIC_ROPE for kind in {GLOBAL, *(LOCAL for _ in local_layers(config))})
+    kinds = (GLOBAL, LOCAL) if local_layers(config) else (GLOBAL,)
+    return all(_rope(config, kind)["rope_type"] in STATIC_ROPE for kind in kinds)
 
 
 def divide_rope_frequencies(model: nn.Module) -> None:
@@ -116,7 +119,6 @@ class RotaryEmbedding(nn.Module):
 
             extra = {"layer_type": kind} if is_gemma(config) else {}
             inverse, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, torch.device("cpu"), **extra)
-
         self.register_buffer("inv_freq", inverse.float(), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,8 +181,6 @@ class ScaledEmbedding(nn.Embedding):
     scalar_embed_scale: float | None = None
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        from .modules import embedding_scale
-
         rows = super().forward(token_ids)
         return rows if self.scalar_embed_scale is None else rows * embedding_scale(self)
 

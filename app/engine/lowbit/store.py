@@ -82,7 +82,7 @@ def _stored_as(name: str, sharing: dict[str, _Packed]) -> dict:
         if theirs.storage_offset() == q.storage_offset() and theirs.shape == q.shape:
             if other_name < name:
                 return {"weights_of": other_name}
-        elif theirs.storage_offset() == 0 and theirs.nbytes == theirs.untyped_storage().nbytes():
+        elif _whole(theirs):
             first = q.storage_offset() // theirs.stride(0)
             return {"weights_of": other_name, "tiles": [first, first + q.shape[0]]}
     return {"weights_of": name}
@@ -95,10 +95,10 @@ MADV_HUGEPAGE = 14
 def _in_huge_pages(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors copied out of the file's mapping into one buffer the system is asked to back
     with 2 MB pages (Linux's transparent huge pages, where it grants them). In one process, the
-    default target's passes over 1, 4, 8 and 16 tokens took 0.94x, 0.92x, 0.88x and 0.92x the time
-    they took with the weights read through the mapping, and 0.96-0.99x that of plain copies (30
-    rounds alternated): fewer misses of the address translation. The mapping's pages leave the
-    process with it (mapped, they had stayed once read)."""
+    default target's passes over 1, 4, 8 and 16 tokens took 0.89x, 0.88x, 0.91x and 0.93x the time
+    they took with the weights read through the mapping, a draft pass 0.90x, and plain copies
+    0.92-0.97x (30 rounds alternated): fewer misses of the address translation. The mapping's
+    pages leave the process with it (mapped, they had stayed once read)."""
     sizes = {name: -(-tensor.nbytes // 64) * 64 for name, tensor in tensors.items()}  # each 64-byte aligned
     total = sum(sizes.values())
     buffer = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
