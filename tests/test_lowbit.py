@@ -196,7 +196,7 @@ def test_gguf_rows_follow_the_architecture_order():
 
 
 def write_tiny_gguf(path, architecture, layers=2, width=64, inner=128, heads=4, kv_heads=2, head_dim=16,
-                    vocabulary=96, extra=None, **settings):
+                    vocabulary=96, extra=None, tied=False, **settings):
     """A GGUF in Q8_0 whose heads are narrower than the architecture's usual ones; returns each
     layer's norms as the file stores them ({GGUF name: float32 array})."""
     from gguf.quants import quantize
@@ -210,42 +210,50 @@ def write_tiny_gguf(path, architecture, layers=2, width=64, inner=128, heads=4, 
     norm = lambda n: norms.append((1 + 0.3 * rng.standard_normal(n)).astype(np.float32)) or norms[-1]
     shape = gguf_writing.Shape(layers, width, inner, heads, kv_heads, head_dim, vocabulary, rope_base=10000.0,
                                context=256, **settings)
-    gguf_writing.write(path, architecture, shape, weight, norm, tied=False, extra=extra)
+    gguf_writing.write(path, architecture, shape, weight, norm, tied=tied, extra=extra)
     extra_norms = gguf_writing.EXTRA_NORMS.get(architecture, ())
     per_layer, names = 2 + len(extra_norms), ["attn_norm", "ffn_norm", *extra_norms]
     return [dict(zip(names, norms[1 + i * per_layer: 1 + (i + 1) * per_layer])) for i in range(layers)]
 
 
-@pytest.mark.parametrize("architecture", ["qwen3", "gemma3"])
-def test_a_qwen3_or_gemma3_gguf_loads_low_bit_and_runs_lean(tmp_path, architecture):
-    """A Qwen3 or Gemma 3 GGUF's blocks load as they are, with the file's width per head
-    (transformers' reading keeps Qwen3's default of 128 and Gemma 3's of 256) and its head norms,
-    and the stored copy runs through the lean decoder as transformers' forward computes it. Gemma
-    3: its norms as 1 + the weight (the file stores the sum), its embeddings scaled by the width's
-    square root, queries scaled by the head width as llama.cpp reads the file, the global layers'
-    linear rotary scaling, and a sliding window of 8 on its local layer."""
+@pytest.mark.parametrize("architecture", ["qwen3", "gemma2", "gemma3"])
+def test_a_qwen3_or_gemma_gguf_loads_low_bit_and_runs_lean(tmp_path, architecture):
+    """A Qwen3, Gemma 2 or Gemma 3 GGUF's blocks load as they are, with the file's width per head
+    (transformers' reading keeps Qwen3's default of 128 and Gemma's of 256) and its head norms,
+    and the stored copy runs through the lean decoder as transformers' forward computes it. Gemma:
+    its norms as 1 + the weight (the file stores the sum), its embeddings scaled by the width's
+    square root, queries scaled by the head width as llama.cpp reads the file, and a sliding
+    window of 8 on its local layer; Gemma 3: the global layers' linear rotary scaling; Gemma 2:
+    the file's soft caps."""
     from app.engine import lean_decoder
     from app.engine.cached_model import CachedModel, cached
     from app.engine.lowbit import skeleton, store
     from app.engine.lowbit.loader import load_gguf_lowbit
     from app.engine.lowbit.modules import LowBitEmbedding
 
-    gemma = architecture == "gemma3"
-    settings = {"sliding_window": 8, "rope_linear_factor": 8.0} if gemma else {}
-    norms = write_tiny_gguf(tmp_path / "tiny.gguf", architecture, **settings)
+    gemma = architecture.startswith("gemma")
+    settings = {"gemma3": {"sliding_window": 8, "rope_linear_factor": 8.0},
+                "gemma2": {"sliding_window": 8, "soft_caps": (1.5, 2.5)}}.get(architecture, {})
+    norms = write_tiny_gguf(tmp_path / "tiny.gguf", architecture, tied=gemma, **settings)  # as Gemma's files are
     model = load_gguf_lowbit(tmp_path / "tiny.gguf")
-    assert model.config.model_type == ("gemma3_text" if gemma else "qwen3") and model.config.head_dim == 16
+    model_type = {"gemma3": "gemma3_text"}.get(architecture, architecture)
+    assert model.config.model_type == model_type and model.config.head_dim == 16
     assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     offset = 1.0 if gemma else 0.0
     for layer, stored in zip(model.model.layers, norms):
-        assert torch.equal(layer.self_attn.q_norm.weight, torch.from_numpy(stored["attn_q_norm"]) - offset)
-        assert torch.equal(layer.self_attn.k_norm.weight, torch.from_numpy(stored["attn_k_norm"]) - offset)
+        assert torch.equal(layer.post_attention_layernorm.weight, torch.from_numpy(stored["ffn_norm" if not gemma else "post_attention_norm"]) - offset)
+        if architecture != "gemma2":
+            assert torch.equal(layer.self_attn.q_norm.weight, torch.from_numpy(stored["attn_q_norm"]) - offset)
+            assert torch.equal(layer.self_attn.k_norm.weight, torch.from_numpy(stored["attn_k_norm"]) - offset)
     if gemma:
-        assert isinstance(model.model.embed_tokens, LowBitEmbedding) and model.model.embed_tokens.scalar_embed_scale == 8.0
         assert model.config.query_pre_attn_scalar == 16 and model.config.sliding_window == 8
-        assert model.config.rope_parameters["full_attention"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}
         assert torch.equal(model.model.layers[0].post_feedforward_layernorm.weight,
                            torch.from_numpy(norms[0]["post_ffw_norm"]) - 1)
+    if architecture == "gemma3":
+        assert isinstance(model.model.embed_tokens, LowBitEmbedding) and model.model.embed_tokens.scalar_embed_scale == 8.0
+        assert model.config.rope_parameters["full_attention"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}
+    if architecture == "gemma2":
+        assert (model.config.attn_logit_softcapping, model.config.final_logit_softcapping) == (1.5, 2.5)
     store.save(model, tiny_model(1).tokenizer, tmp_path / "stored")
     loaded, _ = store.load(tmp_path / "stored")
     assert isinstance(loaded, skeleton.CausalLM)
@@ -347,18 +355,18 @@ def test_low_bit_greedy_equivalence_with_the_other_builds(isa, monkeypatch):
         assert generated_ids(engine, prompt, k=k, max_new_tokens=30) == plain
 
 
-@pytest.mark.parametrize("architecture", ["qwen3", "gemma3"])
-def test_low_bit_qwen3_and_gemma3_run_lean_and_keep_the_output(architecture):
-    """Qwen3 (the q/k head norms) and Gemma 3 (also output norms, a sliding window shorter than the
-    answer) run through the lean decoder and, where the kernel is built, its C++ layer stack:
-    speculation gives the target's greedy output."""
+@pytest.mark.parametrize("architecture", ["qwen3", "gemma2", "gemma3"])
+def test_low_bit_qwen3_and_gemma_run_lean_and_keep_the_output(architecture):
+    """Qwen3 (the q/k head norms), Gemma 3 (also output norms, a sliding window shorter than the
+    answer) and Gemma 2 (no head norms, soft caps) run through the lean decoder and, where the
+    kernel is built, its C++ layer stack: speculation gives the target's greedy output."""
     from app.engine import lean_decoder
     from app.engine.cached_model import cached
 
     target = quantize_model(tiny_model(seed=5, hidden=64, architecture=architecture).model, 8)
     draft = quantize_model(tiny_model(seed=6, hidden=64, architecture=architecture).model, 4, feed_forward_bits=3)
     decoder = cached(target)
-    assert isinstance(decoder, lean_decoder.LeanDecoder) and decoder.head_norms
+    assert isinstance(decoder, lean_decoder.LeanDecoder) and decoder.head_norms == (architecture != "gemma2")
     assert (decoder.stack is not None) == (kernel.native() is not None)
     engine = SpeculativeEngine(LoadedModel("t", target, tiny_model(5).tokenizer), LoadedModel("d", draft, tiny_model(6).tokenizer))
     prompt = [5, 9, 2, 7]
@@ -407,7 +415,7 @@ def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():
         assert generated_ids(engine, prompt, k=k, max_new_tokens=30) == plain
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma2", "gemma3"])
 @pytest.mark.parametrize("hidden", [32, 64])  # 64: q/k/v and gate/up fuse into one call each
 def test_lean_decoder_matches_transformers_forward(hidden, architecture):
     """The lean pass runs the same modules as transformers' forward, cache, its growth and rollback
@@ -457,12 +465,13 @@ def test_native_swiglu_matches_torch(inner, isa, gelu):
 @pytest.mark.parametrize("heads", [2, 6, 14])  # query heads per kv head: 1, 3, 7 (taken up to 4 at a time)
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("isa", BUILDS)
-@pytest.mark.parametrize("window", [0, 20, 100])  # 20: the rows' windows begin in one block of 64; 100: in another
-def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, cache_dtype, isa, window):
+# window 20: the rows' windows begin in one block of 64; 100: in another; cap: Gemma 2's soft cap
+@pytest.mark.parametrize("window, cap", [(0, 0.0), (20, 0.0), (100, 0.0), (20, 1.5)])
+def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, cache_dtype, isa, window, cap):
     """The layer stack's attention (keys in transposed blocks of 64, a kv head's query heads up to
-    4 at a time, 64 components at a time, tails masked; a sliding window's keys only) against
-    torch's, row by row, and bit-identical alone or in a batch; a float16 cache is read as the
-    float32 values it holds."""
+    4 at a time, 64 components at a time, tails masked; a sliding window's keys only; scores
+    soft-capped) against torch's, row by row, and bit-identical alone or in a batch; a float16
+    cache is read as the float32 values it holds."""
     module = built(isa)
     kv_heads, start, n, capacity = 2, 150, 5, 192
     generator = torch.Generator().manual_seed(head_dim + heads)
@@ -473,15 +482,17 @@ def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, 
     cached_keys[0, [30, 130]] = (100 * queries[0, 0]).to(cache_dtype)
     keys, values = cached_keys.float(), cached_values.float()  # what the cache holds
     scale = head_dim**-0.5
-    together = module.attention(queries, cached_keys, cached_values, start, scale, window)
+    together = module.attention(queries, cached_keys, cached_values, start, scale, window, cap)
     for r in range(n):
         length = start + r + 1
         first = max(0, length - window) if window else 0
-        expected = F.scaled_dot_product_attention(
-            queries[r][:, None], keys[:, first:length].repeat_interleave(heads // kv_heads, 0),
-            values[:, first:length].repeat_interleave(heads // kv_heads, 0), scale=scale)[:, 0]
+        seen_keys = keys[:, first:length].repeat_interleave(heads // kv_heads, 0)
+        scores = queries[r][:, None] @ seen_keys.transpose(1, 2) * scale  # [heads, 1, keys]
+        if cap:
+            scores = torch.tanh(scores / cap) * cap
+        expected = (scores.softmax(-1) @ values[:, first:length].repeat_interleave(heads // kv_heads, 0))[:, 0]
         assert torch.allclose(together[r], expected, atol=1e-5, rtol=1e-4)
-        alone = module.attention(queries[r : r + 1], cached_keys, cached_values, start + r, scale, window)
+        alone = module.attention(queries[r : r + 1], cached_keys, cached_values, start + r, scale, window, cap)
         assert torch.equal(together[r], alone[0])
 
 
@@ -505,7 +516,7 @@ def test_the_native_cache_holds_keys_and_values_in_float16():
     assert (logits_half - logits_full).abs().max() < 0.05 * logits_full.abs().max()
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma2", "gemma3"])
 @pytest.mark.parametrize("isa", BUILDS)
 def test_verified_rows_equal_rows_decoded_alone(isa, architecture, monkeypatch):
     """The whole low-bit target is batch invariant: logits of tokens verified together are

@@ -26,7 +26,7 @@ def saved_and_loaded(tmp_path, architecture="qwen2"):
     return model, loaded
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma2", "gemma3"])
 @pytest.mark.parametrize("native", [True, False])  # the C++ layer stack, and the Python loop
 def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp_path, native, architecture,
                                                                               monkeypatch):
@@ -76,7 +76,7 @@ def test_the_store_keeps_projections_fused(tmp_path):
     assert layout["model.embed_tokens"]["weights_of"] == "lm_head"
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma2", "gemma3"])
 def test_as_transformers_wraps_the_same_weights(tmp_path, architecture):
     model, loaded = saved_and_loaded(tmp_path, architecture)
     wrapped = skeleton.as_transformers(loaded)

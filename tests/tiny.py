@@ -5,8 +5,8 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
-from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from app.engine.models import LoadedModel
 
@@ -32,13 +32,16 @@ def tiny_model(
     with random norm weights, so that a norm read from the wrong place shows), or "gemma3" (also
     norms after attention and the feed-forward layer, all with random weights; a local layer with
     a sliding window of 8 and a global one, each with its own rotary frequencies; queries scaled
-    by a scalar of their own)."""
+    by a scalar of their own), or "gemma2" (Gemma 3's without head norms and local rotary
+    frequencies, with attention scores and logits soft-capped at values tight enough to matter)."""
     config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+                                 "gemma2": (Gemma2Config, Gemma2ForCausalLM),
                                  "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM)}[architecture]
     gemma = {"layer_types": ["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2),
-             "sliding_window": 8, "query_pre_attn_scalar": 24,
-             "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+             "sliding_window": 8, "query_pre_attn_scalar": 24}
+    gemma = {**gemma, "attn_logit_softcapping": 1.5, "final_logit_softcapping": 2.5} if architecture == "gemma2" else {
+        **gemma, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
     config = config_class(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -53,14 +56,14 @@ def tiny_model(
         eos_token_id=None,
         pad_token_id=None,
         **({"head_dim": hidden // 4} if architecture != "qwen2" else {}),  # Qwen3's default is 128, Gemma 3's 256
-        **(gemma if architecture == "gemma3" else {}),
+        **(gemma if architecture.startswith("gemma") else {}),
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = model_class(config).eval()
         with torch.no_grad():
             for name, parameter in model.named_parameters():
-                if architecture == "gemma3" and name.endswith("norm.weight"):
+                if architecture.startswith("gemma") and name.endswith("norm.weight"):
                     parameter.uniform_(-0.5, 0.5)  # Gemma's norms scale by 1 + weight
                 elif name.endswith(("q_norm.weight", "k_norm.weight")):
                     parameter.uniform_(0.5, 1.5)

@@ -1,4 +1,4 @@
-"""A Qwen3-, Gemma 3- or Llama 3.2-shaped GGUF with random weights, to time those models without
+"""A Qwen3-, Gemma 2-, Gemma 3- or Llama 3.2-shaped GGUF with random weights, to time those models without
 downloading one.
 
 Its answers are noise and a random draft agrees with nothing, so only plain decoding's speed and
@@ -32,6 +32,8 @@ SHAPES = {  # layers, width, inner, heads, kv heads, head width (the published m
     "qwen3-0.6b": ("qwen3", Shape(28, 1024, 3072, 16, 8, 128, VOCABULARY)),
     "gemma3-1b": ("gemma3", Shape(26, 1152, 6912, 4, 1, 256, VOCABULARY, sliding_window=512)),
     "gemma3-270m": ("gemma3", Shape(18, 640, 2048, 4, 1, 256, VOCABULARY, sliding_window=512)),
+    "gemma2-2b": ("gemma2", Shape(26, 2304, 9216, 8, 4, 256, VOCABULARY, rope_base=10000.0, sliding_window=4096,
+                                  soft_caps=(50.0, 30.0))),
     "llama3.2-1b": ("llama", Shape(16, 2048, 8192, 32, 8, 64, VOCABULARY, rope_base=500000.0)),
 }
 # Llama 3.2's rotary scaling (its config's rope_scaling)

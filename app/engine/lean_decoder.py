@@ -1,4 +1,4 @@
-"""A lean forward pass for Llama/Qwen2/Qwen3/Gemma 3 decoders with a preallocated KV cache.
+"""A lean forward pass for Llama/Qwen2/Qwen3/Gemma 2/Gemma 3 decoders with a preallocated KV cache.
 
 transformers' forward builds masks, cache objects and output records on every call: about
 20 ms per token on 2 CPU cores for the default pair, as much as a low-bit draft's arithmetic.
@@ -49,13 +49,14 @@ class LeanDecoder:
         self.windows = skeleton.local_layers(config)  # {layer: its sliding window}
         self.norm_offset = skeleton.norm_offset(config)
         self.gemma = skeleton.is_gemma(config)
+        self.attention_cap, self.logit_cap = skeleton.soft_caps(config)
         self.qkv, self.gate_up = fused_projections(model)
         self.stack = native_stack(model)  # None: the Python loop runs the layers
         self._embed = _embedding_lookup(model.model.embed_tokens)
         self._final_norm = _normaliser(model.model.norm, self.norm_offset)
         # Gemma 3's rotary embeddings of the global and the local layers; others use the model's own
         self._rotary_embeddings = ({kind: skeleton.RotaryEmbedding(config, kind) for kind in (skeleton.GLOBAL, skeleton.LOCAL)}
-                                   if self.gemma else {skeleton.GLOBAL: model.model.rotary_emb})
+                                   if skeleton.local_rotary(config) else {skeleton.GLOBAL: model.model.rotary_emb})
         # Keys are stored transposed, in blocks for the native stack: its attention reads 16 keys'
         # component d at once, and a block's keys lie together in memory.
         self.key_block = kernel.native().KEY_BLOCK if self.stack is not None else None
@@ -146,21 +147,19 @@ class LeanDecoder:
         over the keys up to it), so a verified token gets bit-identical attention to plain
         decoding. One batched call instead would change the reduction order with the batch's
         shape, and a near-tie could then flip a greedy token."""
-        keys, values, gqa = self.keys[index].transpose(2, 3), self.values[index], self.kv_heads != self.heads
+        keys, values = self.keys[index].transpose(2, 3), self.values[index]
         n, end, window = q.shape[2], start + q.shape[2], self.windows.get(index)
         first = lambda last: 0 if window is None else max(0, last - window)  # of the keys a row ending at `last` sees
         if n == 1 or exact_rows:
-            rows = [F.scaled_dot_product_attention(q[:, :, i : i + 1], keys[:, :, first(start + i + 1) : start + i + 1],
-                                                   values[:, :, first(start + i + 1) : start + i + 1], scale=scale,
-                                                   enable_gqa=gqa)
+            rows = [_attend(q[:, :, i : i + 1], keys[:, :, first(start + i + 1) : start + i + 1],
+                            values[:, :, first(start + i + 1) : start + i + 1], scale, self.attention_cap)
                     for i in range(n)]
             return torch.cat(rows, dim=2)
         # A prefill at once: query i sees keys up to start + i, and within its window
         positions = torch.arange(start, end, device=self.device).view(n, 1)
         seen = torch.arange(end, device=self.device)[None, :]
         mask = (seen <= positions) & (seen > positions - (window or end + 1))
-        return F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=scale,
-                                              enable_gqa=gqa)
+        return _attend(q, keys[:, :, :end], values[:, :, :end], scale, self.attention_cap, mask)
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, keep: int, vocabulary=None) -> torch.Tensor:
@@ -168,8 +167,12 @@ class LeanDecoder:
         positions; with a DraftVocabulary, logits [keep, S] over its tokens only."""
         hidden = self.hidden(token_ids, keep)
         if vocabulary is not None:
-            return vocabulary.logits(hidden)
-        return self.model.lm_head(hidden)[:, : self.vocab_width].float()
+            logits = vocabulary.logits(hidden)
+        else:
+            logits = self.model.lm_head(hidden)[:, : self.vocab_width].float()
+        if self.logit_cap is not None:  # Gemma 2, as transformers computes it
+            logits = torch.tanh(logits / self.logit_cap) * self.logit_cap
+        return logits
 
     def feed(self, token_ids: torch.Tensor) -> None:
         """token_ids [n] long, appended to the cache, without the output layer (for the default
@@ -225,7 +228,8 @@ class LeanDecoder:
         norm = lambda module, x: _rms_norm(module, x, self.norm_offset)
         for index, layer in enumerate(decoder.layers):
             attention = layer.self_attn
-            cos, sin = (t[None] for t in rotary[skeleton.LOCAL if index in self.windows else skeleton.GLOBAL])
+            local = index in self.windows and skeleton.LOCAL in rotary
+            cos, sin = (t[None] for t in rotary[skeleton.LOCAL if local else skeleton.GLOBAL])
             x = norm(layer.input_layernorm, hidden)
             if self.qkv[index] is not None:
                 q, k, v = self.qkv[index](x).split(
@@ -299,7 +303,8 @@ def native_stack(model: nn.Module):
                 **norms))
         _STACKS[model] = module.LayerStack(layers, config.num_attention_heads, config.num_key_value_heads,
                                            skeleton.head_dim(config), model.model.layers[0].self_attn.scaling,
-                                           config.rms_norm_eps, gelu=skeleton.is_gemma(config))
+                                           config.rms_norm_eps, gelu=skeleton.is_gemma(config),
+                                           cap=skeleton.soft_caps(config)[0] or 0.0)
     return _STACKS[model]
 
 
@@ -327,6 +332,22 @@ def _embedding_lookup(embedding: nn.Module):
             return lambda token_ids: module.rows(token_ids, *tensors, packed.group, packed.bits) * scale
         return lambda token_ids: module.rows(token_ids, *tensors, packed.group, packed.bits)
     return lambda token_ids: embedding(token_ids).float()
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, cap: float | None,
+            mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q [1, heads, n, head_dim] over keys, values [1, kv_heads, m, head_dim] -> [1, heads, n, head_dim];
+    cap: the scores' soft cap (Gemma 2), computed as transformers' eager attention does (torch's
+    scaled_dot_product_attention has none)."""
+    if cap is None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                              enable_gqa=keys.shape[1] != q.shape[1])
+    group = q.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    scores = torch.tanh(q @ keys.transpose(2, 3) * scale / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1) @ values
 
 
 def _normaliser(norm: nn.Module, offset: float):

@@ -14,7 +14,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows", &rows, "dequantized weight rows for output indices", release());
   m.def("attention", &attention, "causal attention of n new rows over a cache, as the layer stack computes it",
         py::arg("queries"), py::arg("keys"), py::arg("values"), py::arg("start"), py::arg("scaling"),
-        py::arg("window") = 0, release());
+        py::arg("window") = 0, py::arg("cap") = 0.0, release());
   m.attr("KEY_BLOCK") = kKeyBlock;
   m.def("swiglu", &swiglu_rows, "silu(gate) * up (gelu: tanh GELU) of [n, 2 * inner] rows, as the layer stack computes it",
         py::arg("gate_up"), py::arg("gelu") = false, release());
@@ -41,9 +41,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("attention_out_norm") = py::none(), py::arg("feed_forward_out_norm") = py::none(),
            py::arg("window") = 0);
   py::class_<LayerStack>(m, "LayerStack", py::module_local())
-      .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double, bool>(), py::arg("layers"),
+      .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double, bool, double>(), py::arg("layers"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scaling"), py::arg("eps"),
-           py::arg("gelu") = false)
+           py::arg("gelu") = false, py::arg("cap") = 0.0)
       .def("forward", &LayerStack::forward, release(),
            "hidden [n, D] through every layer, writing the n new keys and values into the caches",
            py::arg("hidden"), py::arg("keys"), py::arg("values"), py::arg("cos"), py::arg("sin"), py::arg("start"),

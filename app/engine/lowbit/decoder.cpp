@@ -1,8 +1,8 @@
-// The whole stack of Llama/Qwen2/Qwen3/Gemma 3 decoder layers in one call: per layer RMSNorm,
-// q/k/v projections (Qwen3, Gemma 3: each query and key head RMS-normalised), rotary embedding, the
-// KV-cache write, causal attention (Gemma 3's local layers: over a sliding window), the output
-// projection, RMSNorm and the SwiGLU (Gemma: GeGLU) MLP, with the residual adds (Gemma 3: each
-// of the two outputs RMS-normalised before its add). In Python the same layer is about 30 tensor
+// The whole stack of Llama/Qwen2/Qwen3/Gemma 2/Gemma 3 decoder layers in one call: per layer
+// RMSNorm, q/k/v projections (Qwen3, Gemma 3: each query and key head RMS-normalised), rotary
+// embedding, the KV-cache write, causal attention (Gemma's local layers: over a sliding window;
+// Gemma 2: soft-capped scores), the output projection, RMSNorm and the SwiGLU (Gemma: GeGLU) MLP,
+// with the residual adds (Gemma: each of the two outputs RMS-normalised before its add). In Python the same layer is about 30 tensor
 // operations whose dispatch cost (about 0.5 ms per layer on 2 cores) was a quarter of a low-bit
 // draft's pass; here it is a loop over raw buffers.
 //
@@ -70,6 +70,24 @@ inline v16::Vec exp_nonpositive(v16::Vec x) {
   return v16::scalef(p, whole);
 }
 
+// sigmoid(z) is 1 / (1 + e) for z >= 0 and e / (1 + e) below, with e = exp(-|z|) <= 1, so the
+// exponential never overflows.
+inline v16::Vec sigmoid(v16::Vec z) {
+  const v16::Vec one = v16::set1(1.f);
+  const v16::Vec e = exp_nonpositive(v16::sub(v16::zero(), v16::abs(z)));
+  const v16::Vec inverse = v16::div(one, v16::add(one, e));
+  return v16::mask_mul(inverse, v16::less_than(z, v16::zero()), e, inverse);
+}
+
+// cap * tanh(x / cap): Gemma 2's soft cap on attention scores. tanh(|y|) = (1 - e) / (1 + e) with
+// e = exp(-2 |y|) <= 1, its sign then restored.
+inline v16::Vec soft_cap(v16::Vec x, float cap) {
+  const v16::Vec y = v16::mul(x, v16::set1(1.f / cap)), one = v16::set1(1.f);
+  const v16::Vec e = exp_nonpositive(v16::mul(v16::set1(-2.f), v16::abs(y)));
+  const v16::Vec magnitude = v16::mul(v16::div(v16::sub(one, e), v16::add(one, e)), v16::set1(cap));
+  return v16::mask_mul(magnitude, v16::less_than(y, v16::zero()), magnitude, v16::set1(-1.f));
+}
+
 // Zeroed accumulators for Blocks blocks of 16 lanes, and which lanes of each hold one of the
 // `remaining` elements.
 template <int64_t Blocks>
@@ -112,7 +130,8 @@ void with_heads(int64_t heads, F&& f) {
 
 // Scaled scores q.k of H query heads of one row (queries [H, head_dim]) against the keys j0 ..
 // j0 + 63 from `lo` (a sliding window's first) and below `length`, into scores (H rows of
-// `score_stride`), and each head's running 16-lane maximum `best` [H]. keys: a kv head's cache,
+// `score_stride`), soft-capped where `cap` > 0 (Gemma 2), and each head's running 16-lane maximum
+// `best` [H]. keys: a kv head's cache,
 // blocks of kKeyBlock keys, each block transposed [head_dim, kKeyBlock] (row d holds component d
 // of the block's keys): 16 keys' scores
 // build up in one vector with no horizontal sums, and a block is one contiguous run of memory
@@ -121,7 +140,7 @@ void with_heads(int64_t heads, F&& f) {
 // register allocation (inlined, one spilled its accumulators on every key).
 template <int H, typename T>
 __attribute__((noinline)) void score_block(const float* queries, const T* keys, int64_t j0, int64_t lo,
-                                           int64_t length, int64_t head_dim, float scaling, float* scores,
+                                           int64_t length, int64_t head_dim, float scaling, float cap, float* scores,
                                            int64_t score_stride, v16::Vec* best) {
   constexpr int64_t kBlocks = kKeyBlock / 16;  // four independent FMA chains per head
   v16::Vec dot[H][kBlocks];
@@ -141,7 +160,8 @@ __attribute__((noinline)) void score_block(const float* queries, const T* keys, 
   for (int64_t b = 0; b < kBlocks; ++b) valid[b] &= static_cast<v16::Mask>(~lanes(lo - j0 - 16 * b));
   for (int h = 0; h < H; ++h) {
     for (int64_t b = 0; b < kBlocks; ++b) {
-      const v16::Vec scaled = v16::mul(dot[h][b], v16::set1(scaling));
+      v16::Vec scaled = v16::mul(dot[h][b], v16::set1(scaling));
+      if (cap > 0) scaled = soft_cap(scaled, cap);
       v16::store(scores + h * score_stride + j0 + 16 * b, valid[b], scaled);
       best[h] = v16::mask_max(best[h], valid[b], best[h], scaled);
     }
@@ -202,7 +222,7 @@ __attribute__((noinline)) void value_block(const float* weights, int64_t score_s
 template <typename T>
 void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64_t last, int64_t heads,
                     int64_t group, int64_t g, int64_t head_dim, const T* keys, const T* values,
-                    int64_t start, int64_t window, float scaling, float* out) {
+                    int64_t start, int64_t window, float scaling, float cap, float* out) {
   const int64_t rows = last - first, stride = start + last;
   // Row r's keys: from its window's first (0 without one) to its own position
   const auto length = [&](int64_t r) { return start + first + r + 1; };
@@ -223,7 +243,7 @@ void attend_kv_head(const float* queries, int64_t q_stride, int64_t first, int64
       if (j0 + kKeyBlock <= lo(r)) continue;
       for (int64_t h = 0; h < group && j0 < length(r); h += share) {
         with_heads(std::min(share, group - h), [&](auto n) {
-          score_block<decltype(n)::value, T>(query(r, h), keys, j0, lo(r), length(r), head_dim, scaling,
+          score_block<decltype(n)::value, T>(query(r, h), keys, j0, lo(r), length(r), head_dim, scaling, cap,
                                              score_row(r, h), stride, best.data() + r * group + h);
         });
       }
@@ -272,7 +292,7 @@ struct AttentionTasks {
   bool half;
   int64_t capacity, start;
   int64_t window;  // 0: every key up to the row
-  float scaling;
+  float scaling, cap;  // cap: the scores' soft cap (0: none)
   float* out;
 
   // A task is one kv head's queries over all rows, or over one row when there are fewer kv
@@ -292,19 +312,10 @@ struct AttentionTasks {
       const int64_t g = task / row_tasks, first = row_tasks == 1 ? 0 : task % row_tasks;
       const int64_t last = row_tasks == 1 ? n : first + 1;
       attend_kv_head(queries, q_stride, first, last, heads, heads / kv_heads, g, head_dim, keys + g * head_dim * capacity,
-                     values + g * capacity * head_dim, start, window, scaling, out);
+                     values + g * capacity * head_dim, start, window, scaling, cap, out);
     }
   }
 };
-
-// sigmoid(z) is 1 / (1 + e) for z >= 0 and e / (1 + e) below, with e = exp(-|z|) <= 1, so the
-// exponential never overflows.
-inline v16::Vec sigmoid(v16::Vec z) {
-  const v16::Vec one = v16::set1(1.f);
-  const v16::Vec e = exp_nonpositive(v16::sub(v16::zero(), v16::abs(z)));
-  const v16::Vec inverse = v16::div(one, v16::add(one, e));
-  return v16::mask_mul(inverse, v16::less_than(z, v16::zero()), e, inverse);
-}
 
 // The gated product act(gate) * up for one row of `inner` values, 16 at a time: done one
 // std::exp at a time it cost about 1 ms per verified row on the default target (8 rows: a tenth
@@ -435,7 +446,7 @@ void products_shared(const Step& step, int64_t n, Workspace& ws, float* out, int
 // The same attention on tensors, for tests: queries [n, heads, head_dim], keys and values
 // [kv_heads, capacity, head_dim] holding start + n positions (the keys are laid out in blocks here).
 at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling,
-                     int64_t window) {
+                     int64_t window, double cap) {
   queries = queries.contiguous();
   values = values.contiguous();
   const int64_t n = queries.size(0), heads = queries.size(1), head_dim = queries.size(2);
@@ -448,7 +459,7 @@ at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int
   at::Tensor out = at::empty({n, heads, head_dim}, at::kFloat);
   const AttentionTasks tasks{queries.data_ptr<float>(), heads * head_dim, n, heads, kv_heads, head_dim,
                              blocked.data_ptr(), values.data_ptr(), half, capacity, start, window,
-                             static_cast<float>(scaling), out.data_ptr<float>()};
+                             static_cast<float>(scaling), static_cast<float>(cap), out.data_ptr<float>()};
   const int64_t row_tasks = tasks.row_tasks(at::get_num_threads());
   at::parallel_for(0, kv_heads * row_tasks, 1, [&](int64_t begin, int64_t end) { tasks.run(row_tasks, begin, end); });
   return out;
@@ -469,9 +480,9 @@ at::Tensor swiglu_rows(at::Tensor gate_up, bool gelu) {
 }
 
 LayerStack::LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                       double scaling, double eps, bool gelu)
+                       double scaling, double eps, bool gelu, double cap)
     : layers_(std::move(layers)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
-      scaling_(static_cast<float>(scaling)), eps_(eps), gelu_(gelu) {
+      scaling_(static_cast<float>(scaling)), cap_(static_cast<float>(cap)), eps_(eps), gelu_(gelu) {
   TORCH_CHECK(!layers_.empty() && heads % kv_heads == 0 && head_dim % 2 == 0,
               "layers, heads a multiple of kv_heads and an even head_dim");
   for (const Layer& layer : layers_) {
@@ -510,12 +521,11 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
   hidden = hidden.contiguous().clone();
   cos = cos.contiguous();
   sin = sin.contiguous();
-  const bool any_local = std::any_of(layers_.begin(), layers_.end(), [](const Layer& l) { return l.window > 0; });
-  TORCH_CHECK(!any_local || (local_cos && local_sin && local_cos->sizes() == cos.sizes() &&
-                             local_sin->sizes() == sin.sizes()),
-              "local layers need their own rotary embedding, shaped as the global one");
-  const at::Tensor local_cos_rows = any_local ? local_cos->contiguous() : cos;
-  const at::Tensor local_sin_rows = any_local ? local_sin->contiguous() : sin;
+  TORCH_CHECK(local_cos.has_value() == local_sin.has_value() &&
+                  (!local_cos || (local_cos->sizes() == cos.sizes() && local_sin->sizes() == sin.sizes())),
+              "the local layers' rotary embedding comes as cos and sin, shaped as the global one");
+  const at::Tensor local_cos_rows = local_cos ? local_cos->contiguous() : cos;
+  const at::Tensor local_sin_rows = local_sin ? local_sin->contiguous() : sin;
   const int64_t n = hidden.size(0), hd = head_dim_, d = hidden.size(1);
   const int64_t q_width = heads_ * hd, kv_width = kv_heads_ * hd, group = heads_ / kv_heads_;
   TORCH_CHECK(keys[0].size(3) == kKeyBlock && keys[0].size(1) * kKeyBlock == values[0].size(1),
@@ -626,7 +636,7 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
 #pragma omp barrier
       {
         const AttentionTasks tasks{ws.qkv.data(), qkv_width, n, heads_, kv_heads_, hd, key_cache, value_cache, half,
-                                   capacity, start, layer.window, scaling_, ws.attended.data()};
+                                   capacity, start, layer.window, scaling_, cap_, ws.attended.data()};
         const int64_t row_tasks = tasks.row_tasks(threads);
         const auto [begin, end] = share(kv_heads_ * row_tasks, thread, threads);
         tasks.run(row_tasks, begin, end);

@@ -15,7 +15,8 @@ import numpy as np
 
 # Per-layer norms besides attn_norm and ffn_norm, by architecture
 HEAD_NORMS = ("attn_q_norm", "attn_k_norm")
-EXTRA_NORMS = {"qwen3": HEAD_NORMS, "gemma3": (*HEAD_NORMS, "post_attention_norm", "post_ffw_norm")}
+OUTPUT_NORMS = ("post_attention_norm", "post_ffw_norm")
+EXTRA_NORMS = {"qwen3": HEAD_NORMS, "gemma2": OUTPUT_NORMS, "gemma3": (*HEAD_NORMS, *OUTPUT_NORMS)}
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Shape:
     rope_base: float = 1_000_000.0
     sliding_window: int | None = None  # Gemma 3's local layers
     rope_linear_factor: float | None = None  # Gemma 3 4B and larger: its global layers' rotary scaling
+    soft_caps: tuple[float, float] | None = None  # Gemma 2's, of attention scores and of logits
     context: int = 32768
 
 
@@ -54,6 +56,9 @@ def write(path: Path, architecture: str, shape: Shape, weight: Callable[[tuple[i
     writer.add_vocab_size(s.vocabulary)
     if s.sliding_window:
         writer.add_sliding_window(s.sliding_window)
+    if s.soft_caps:
+        writer.add_attn_logit_softcapping(s.soft_caps[0])
+        writer.add_final_logit_softcapping(s.soft_caps[1])
     if s.rope_linear_factor:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(s.rope_linear_factor)

@@ -27,7 +27,7 @@ constexpr int64_t kKeyBlock = 64;
 // queries [n, heads, head_dim], keys and values [kv_heads, capacity, head_dim] holding start + n
 // positions (capacity a multiple of kKeyBlock), float32 or float16.
 at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling,
-                     int64_t window);
+                     int64_t window, double cap);
 // The layer stack's silu(gate) * up (exposed for tests): gate_up [n, 2 * inner] -> [n, inner].
 at::Tensor swiglu_rows(at::Tensor gate_up, bool gelu);
 
@@ -188,8 +188,9 @@ struct Layer {
   // Gemma 3's RMSNorm of the attention's and the feed-forward layer's outputs before each is added
   // to the residual stream: float32 [D], or empty tensors
   at::Tensor attention_out_norm, feed_forward_out_norm;
-  // A local layer's sliding window (Gemma 3): each row attends over its last `window` keys, itself
-  // included, with the local rotary embedding; 0: a global layer (every key up to the row)
+  // A local layer's sliding window (Gemma 2 and 3): each row attends over its last `window` keys,
+  // itself included, with the local rotary embedding where one is given (Gemma 3); 0: a global
+  // layer (every key up to the row)
   int64_t window = 0;
 };
 
@@ -212,18 +213,19 @@ struct Step {
   bool groups[2] = {false, false};      // which group sizes (16, 32) its parts take activations in
 };
 
-// The whole stack of Llama/Qwen2/Qwen3/Gemma 3 decoder layers in one call (decoder.cpp).
+// The whole stack of Llama/Qwen2/Qwen3/Gemma 2/Gemma 3 decoder layers in one call (decoder.cpp).
 class LayerStack {
  public:
-  // gelu: the feed-forward layers are GeGLU with tanh GELU (Gemma) instead of SwiGLU
+  // gelu: the feed-forward layers are GeGLU with tanh GELU (Gemma) instead of SwiGLU; cap: the
+  // attention scores' soft cap, cap * tanh(score / cap) (Gemma 2; 0: none)
   LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling,
-             double eps, bool gelu);
+             double eps, bool gelu, double cap);
 
   // hidden [n, D] float32 -> [n, D] after every layer. Per layer float16 (or float32) caches
   // holding `start` tokens: keys [kv_heads, capacity / kKeyBlock, head_dim, kKeyBlock] (blocks of keys, each
   // transposed), values [kv_heads, capacity, head_dim];
   // this call writes positions start..start+n-1. cos/sin [n, head_dim]: the rotary embedding of
-  // those positions; local_cos/local_sin the same for local layers (defined when any layer is local).
+  // those positions; local_cos/local_sin the same for local layers where theirs differ (Gemma 3).
   at::Tensor forward(at::Tensor hidden, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                      at::Tensor cos, at::Tensor sin, int64_t start, std::optional<at::Tensor> local_cos,
                      std::optional<at::Tensor> local_sin);
@@ -238,7 +240,7 @@ class LayerStack {
   // pass's buffers hold per row.
   int64_t widest_input_ = 0, widest_padded_ = 0, widest_inner_ = 0;
   int64_t heads_, kv_heads_, head_dim_;
-  float scaling_;
+  float scaling_, cap_;
   double eps_;
   bool gelu_;
 };

@@ -29,8 +29,8 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
     with gguf_file.shared_reader(path) as reader:  # one parse for the config and the tensors
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     _take_head_dim(config, reader)
-    if config.model_type == "gemma3_text":
-        _take_gemma3_settings(config, reader)
+    if config.model_type in ("gemma2", "gemma3_text"):
+        _take_gemma_settings(config, reader)
     with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # transformers names a Gemma 3 GGUF's model gemma3_text, and its processor (the norms' 1 + w) gemma3
@@ -92,15 +92,20 @@ def _take_head_dim(config, reader) -> None:
         config.head_dim = int(field.contents())
 
 
-def _take_gemma3_settings(config, reader) -> None:
-    """What a Gemma 3 GGUF implies and transformers' reading leaves at its defaults, as llama.cpp
-    reads it: queries scaled by 1 / sqrt(head width) (1 / sqrt(width / heads) for the 27B model,
-    62 layers), and the global layers' rotary scaling (linear, a factor of 8 on the 4B and larger)."""
-    heads = config.num_attention_heads
-    config.query_pre_attn_scalar = config.hidden_size // heads if config.num_hidden_layers == 62 else config.head_dim
-    field = lambda key: reader.fields.get(f"gemma3.{key}")
+def _take_gemma_settings(config, reader) -> None:
+    """What a Gemma 2 or 3 GGUF implies and transformers' reading leaves at its defaults, as
+    llama.cpp reads it: queries scaled by 1 / sqrt(head width) (1 / sqrt(width / heads) for the 27B
+    models: 46 layers for Gemma 2, 62 for Gemma 3); Gemma 2's soft caps; Gemma 3's global layers'
+    rotary scaling (linear, a factor of 8 on the 4B and larger)."""
+    gemma3 = config.model_type == "gemma3_text"
+    large = config.num_hidden_layers == (62 if gemma3 else 46)
+    config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads if large else config.head_dim
+    field = lambda key: reader.fields.get(f"{'gemma3' if gemma3 else 'gemma2'}.{key}")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if not gemma3 and field(key) is not None:
+            setattr(config, key, float(field(key).contents()))
     kind, factor = field("rope.scaling.type"), field("rope.scaling.factor")
-    if kind is not None and factor is not None and kind.contents() == "linear":
+    if gemma3 and kind is not None and factor is not None and kind.contents() == "linear":
         config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(factor.contents()))
 
 

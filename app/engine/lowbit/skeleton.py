@@ -1,4 +1,4 @@
-"""The module tree of a Llama/Qwen2/Qwen3/Gemma 3 decoder without transformers' modeling code.
+"""The module tree of a Llama/Qwen2/Qwen3/Gemma 2/Gemma 3 decoder without transformers' modeling code.
 
 A low-bit model from the cache runs only through lean_decoder.LeanDecoder, which needs the
 tree's modules and the config. Building transformers' own model for it imported transformers'
@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from .modules import embedding_scale
 
-SUPPORTED = {"qwen2", "llama", "qwen3", "gemma3_text"}  # transformers names a Gemma 3 GGUF's model gemma3_text
+SUPPORTED = {"qwen2", "llama", "qwen3", "gemma2", "gemma3_text"}  # transformers names a Gemma 3 GGUF's model gemma3_text
 # Rotary types whose frequencies do not change with the sequence (transformers' dynamic ones do)
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 LOCAL, GLOBAL = "sliding_attention", "full_attention"  # Gemma 3's layer types
@@ -26,17 +26,31 @@ def runs_lean(config) -> bool:
     if config.model_type not in SUPPORTED:
         return False
     if is_gemma(config):
-        return (config.hidden_activation == "gelu_pytorch_tanh" and not config.use_bidirectional_attention
-                and config.attn_logit_softcapping is None and config.final_logit_softcapping is None)
+        return (config.hidden_activation == "gelu_pytorch_tanh"
+                and not getattr(config, "use_bidirectional_attention", False))
     return (not getattr(config, "use_sliding_window", False) and getattr(config, "pretraining_tp", 1) == 1
             and config.hidden_act == "silu")
 
 
 def is_gemma(config) -> bool:
-    """Gemma 3: norms scale by 1 + weight, a norm after attention and after the feed-forward layer
-    too, embeddings scaled by the width's square root, GeGLU (tanh GELU), and local layers that
-    attend over a sliding window with rotary frequencies of their own."""
+    """Gemma 2 and 3: norms scale by 1 + weight, a norm after attention and after the feed-forward
+    layer too, embeddings scaled by the width's square root, GeGLU (tanh GELU), queries scaled by
+    a scalar of their own, and local layers that attend over a sliding window; Gemma 2 also
+    soft-caps attention scores and logits, Gemma 3 normalises query and key heads and gives its
+    local layers rotary frequencies of their own."""
+    return config.model_type in ("gemma2", "gemma3_text")
+
+
+def local_rotary(config) -> bool:
+    """Whether local layers have rotary frequencies of their own (Gemma 3)."""
     return config.model_type == "gemma3_text"
+
+
+def soft_caps(config) -> tuple[float | None, float | None]:
+    """Gemma 2's soft caps, cap * tanh(x / cap), of attention scores and of the logits (or None)."""
+    if not is_gemma(config):
+        return None, None
+    return getattr(config, "attn_logit_softcapping", None), getattr(config, "final_logit_softcapping", None)
 
 
 def can_build(config) -> bool:
@@ -46,7 +60,7 @@ def can_build(config) -> bool:
 
 def static_rope(config) -> bool:
     """Whether the rotary embedding of a position is the same whatever else is in the sequence."""
-    kinds = (GLOBAL, LOCAL) if local_layers(config) else (GLOBAL,)
+    kinds = (GLOBAL, LOCAL) if local_rotary(config) else (GLOBAL,)
     return all(_rope(config, kind)["rope_type"] in STATIC_ROPE for kind in kinds)
 
 
@@ -65,7 +79,7 @@ def divide_rope_frequencies(model: nn.Module) -> None:
 
 
 def local_layers(config) -> dict[int, int]:
-    """{layer index: its sliding window} of the layers that attend over one (Gemma 3's local
+    """{layer index: its sliding window} of the layers that attend over one (Gemma's local
     layers: a token sees the window's last keys, itself included)."""
     if not is_gemma(config):
         return {}
@@ -84,12 +98,12 @@ def head_dim(config) -> int:
 
 def has_head_norms(config) -> bool:
     """Whether each query and key head is RMS-normalised before the rotary embedding (Qwen3, Gemma 3)."""
-    return config.model_type == "qwen3" or is_gemma(config)
+    return config.model_type in ("qwen3", "gemma3_text")
 
 
 def _rope(config, kind: str = GLOBAL) -> dict:
     parameters = getattr(config, "rope_parameters", None) or {}
-    if is_gemma(config):
+    if local_rotary(config):
         parameters = parameters[kind]
     return {"rope_type": "default", **parameters}
 
@@ -117,7 +131,7 @@ class RotaryEmbedding(nn.Module):
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            extra = {"layer_type": kind} if is_gemma(config) else {}
+            extra = {"layer_type": kind} if local_rotary(config) else {}
             inverse, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, torch.device("cpu"), **extra)
         self.register_buffer("inv_freq", inverse.float(), persistent=False)
 
