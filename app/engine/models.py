@@ -12,7 +12,6 @@ to 8 bits (`lowbit`) or as `4bit` and `3bit` say. On CUDA every model runs in bf
 """
 from __future__ import annotations
 
-import ctypes
 import gc
 import hashlib
 import shutil
@@ -31,6 +30,7 @@ from .cache import cache_root
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import IncompatibleModelsError, ModelError
 from .lowbit import store as lowbit_store
+from .lowbit.memory import give_back_freed_memory
 from .lowbit.kernel import KERNEL_NAMES, build_in_background, machine_isa, why_not_native
 from .lowbit.modules import quantize_model
 from .tokenizer_cache import folder_tokenizer
@@ -196,17 +196,6 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     gc.collect()
     give_back_freed_memory()  # the GGUF's reading, before the stored copy's buffer is filled
     return lowbit_store.load(folder)  # as every later start runs it (its own module tree, huge pages)
-
-
-def give_back_freed_memory() -> None:
-    """Freed memory back to the system: glibc keeps freed blocks in the process, and a first start
-    frees as much as the model it read from the GGUF (a random Gemma 2 2B-shaped pair's first start
-    held 4.26 GiB with both models answering, 2.20 with this; a later start 2.05). Where the C
-    library is not glibc nothing is done."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase:

@@ -2,7 +2,6 @@
 which modules are low-bit. Later starts load it in seconds instead of re-reading the GGUF."""
 from __future__ import annotations
 
-import ctypes
 import json
 import shutil
 from pathlib import Path
@@ -15,6 +14,7 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from ..tokenizer_cache import folder_tokenizer
 from . import skeleton
+from .memory import in_huge_pages
 from .modules import LowBitEmbedding, LowBitLinear, _Packed, fuse_projections
 from .packing import PackedWeight
 
@@ -88,41 +88,13 @@ def _stored_as(name: str, sharing: dict[str, _Packed]) -> dict:
     return {"weights_of": name}
 
 
-HUGE_PAGE = 2**21
-MADV_HUGEPAGE = 14
-
-
-def _in_huge_pages(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The tensors copied out of the file's mapping into one buffer the system is asked to back
-    with 2 MB pages (Linux's transparent huge pages, where it grants them). In one process, the
-    default target's passes over 1, 4, 8 and 16 tokens took 0.89x, 0.88x, 0.91x and 0.93x the time
-    they took with the weights read through the mapping, a draft pass 0.90x, and plain copies
-    0.92-0.97x (30 rounds alternated): fewer misses of the address translation. The mapping's
-    pages leave the process with it (mapped, they had stayed once read)."""
-    sizes = {name: -(-tensor.nbytes // 64) * 64 for name, tensor in tensors.items()}  # each 64-byte aligned
-    total = sum(sizes.values())
-    buffer = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)
-    first = -buffer.data_ptr() % HUGE_PAGE
-    try:  # before the first touch, so that the pages come huge; elsewhere than Linux nothing is asked
-        ctypes.CDLL("libc.so.6").madvise(ctypes.c_void_p(buffer.data_ptr() + first),
-                                         ctypes.c_size_t(total // HUGE_PAGE * HUGE_PAGE), MADV_HUGEPAGE)
-    except (OSError, AttributeError):
-        pass
-    copies, at = {}, first
-    for name, tensor in tensors.items():
-        copies[name] = buffer[at : at + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
-        copies[name].copy_(tensor)
-        at += sizes[name]
-    return copies
-
-
 def load(folder: Path) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     """The model (skeleton.CausalLM where LeanDecoder runs it, else transformers') and its tokenizer."""
     layout = json.loads((folder / LAYOUT).read_text())["modules"]
     config = AutoConfig.from_pretrained(folder)
     # What LeanDecoder runs loads without transformers' modeling code; every weight comes from the file.
     model = skeleton.CausalLM(config) if skeleton.can_build(config) else skeleton.empty_transformers_model(config)
-    tensors = _in_huge_pages(load_file(folder / WEIGHTS))
+    tensors = in_huge_pages(load_file(folder / WEIGHTS))
     for name, spec in layout.items():
         source = spec["weights_of"]
         packed = PackedWeight(*(tensors[f"{source}.w_{part}"] for part in PackedWeight.TENSORS), spec["bits"], spec["group"])
