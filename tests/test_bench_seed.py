@@ -95,3 +95,20 @@ def test_seed_run_compares_with_a_reference_run(tmp_path, data_dir):
         assert same["reference"]["tasks"][task]["quality"] == same["reference"]["tasks"][task]["reference_quality"]
         assert other["reference"]["tasks"][task]["same_text"] < 1.0
     assert "same text" in (tmp_path / "same.md").read_text()
+
+
+def test_a_peer_that_dies_on_this_cpu_is_left_out_with_the_reason(monkeypatch, tmp_path):
+    """llama.cpp's kernels can die on a CPU (llama-cpp-python 0.3.36's AMX kernels: an illegal
+    instruction). The peer runs a batch in a child process first, so such a fault leaves it out
+    with the reason instead of ending the whole benchmark."""
+    from pathlib import Path
+
+    from app.bench import llama_peer
+
+    monkeypatch.setattr(llama_peer, "_SMOKE_TEST", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    reason = llama_peer.crash_reason(tmp_path / "model.gguf", 2)
+    assert "SIGILL" in reason and "AMX" in reason and "left out" in reason
+    monkeypatch.setattr(llama_peer, "_SMOKE_TEST", "import sys; sys.exit('no such file')")
+    assert "failed" in llama_peer.crash_reason(tmp_path / "model.gguf", 2)
+    monkeypatch.setattr(llama_peer, "_SMOKE_TEST", "import sys; assert sys.argv[1:] == ['m.gguf', '2']")
+    assert llama_peer.crash_reason(Path("m.gguf"), 2) is None

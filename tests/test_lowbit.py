@@ -135,6 +135,25 @@ def test_every_build_gives_the_avx512_bits(bits, group, coded, symmetric, mapped
         assert torch.equal(other(x[:rows], packed), avx512(x[:rows], packed))
 
 
+def test_the_build_follows_the_cpu(monkeypatch):
+    """AMD's cores prefetch the weights as non-temporal data; Intel's stall on it (see kernel.cpp's
+    kFirstPassLocality), as may others'. A build with other flags is another build (its own folder)."""
+    fields = {"vendor_id": "AuthenticAMD"}
+    monkeypatch.setattr(kernel, "_cpu_field", lambda name: fields.get(name, ""))
+    amd = kernel.compile_flags("avx512")
+    assert "-DSPECCHAT_PREFETCH_NTA" in amd and "-DSPECCHAT_PREFETCH_NTA" not in kernel.compile_flags("avx2")
+    fields["vendor_id"] = "GenuineIntel"
+    assert "-DSPECCHAT_PREFETCH_NTA" not in kernel.compile_flags("avx512")
+    try:
+        kernel._source_digest.cache_clear()
+        intel_digest = kernel._source_digest("avx512")
+        fields["vendor_id"] = "AuthenticAMD"
+        kernel._source_digest.cache_clear()
+        assert kernel._source_digest("avx512") != intel_digest
+    finally:
+        kernel._source_digest.cache_clear()  # the real machine's, from here on
+
+
 @pytest.mark.parametrize(FORMAT_NAMES, FORMATS)
 @pytest.mark.parametrize("path", [*BUILDS, "reference"])
 def test_linear_is_batch_invariant(bits, group, coded, symmetric, mapped, path):

@@ -32,6 +32,39 @@ def unavailable_reason() -> str | None:
     return None
 
 
+# A batch through llama.cpp in a child process: a fault in its kernels there ends that process,
+# not the benchmark.
+_SMOKE_TEST = """
+import sys
+from llama_cpp import Llama
+llm = Llama(sys.argv[1], n_ctx=256, n_threads=int(sys.argv[2]), verbose=False)
+llm.eval(list(range(1, 65)))
+"""
+
+
+def crash_reason(gguf: Path, threads: int) -> str | None:
+    """Why llama.cpp cannot run here, when it dies on a 64-token batch of `gguf` in a child
+    process (None when it runs). llama-cpp-python 0.3.36 built for a CPU with AMX (Intel Xeons
+    since Sapphire Rapids) dies so, with an illegal instruction in its AMX kernels."""
+    import signal
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _SMOKE_TEST, str(gguf), str(threads)], capture_output=True,
+                              text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "llama.cpp took over 5 minutes on a 64-token batch here; left out"
+    if done.returncode == 0:
+        return None
+    if done.returncode < 0:
+        cause = signal.Signals(-done.returncode).name
+        hint = (" (llama-cpp-python 0.3.36's AMX kernels do on AMX CPUs: build it without them, see the README)"
+                if cause == "SIGILL" else "")
+        return f"llama.cpp died with {cause} on a 64-token batch on this CPU{hint}; left out"
+    return f"llama.cpp failed on a 64-token batch here ({done.stderr.strip().splitlines()[-1:] or 'no message'}); left out"
+
+
 def gguf_path(source: str, progress) -> Path:
     """The GGUF file of a source; the default pair is assembled from its installed parts."""
     packaged = default_models.DEFAULTS.get(source)

@@ -246,9 +246,11 @@ def run_speed(args: argparse.Namespace) -> dict:
     if not args.no_peer and device.type == "cpu":
         peer_note = llama_peer.unavailable_reason()
         if peer_note is None:
-            peer = llama_peer.LlamaPeer(llama_peer.gguf_path(args.target, stage), llama_peer.gguf_path(args.draft, stage),
-                                        threads=torch.get_num_threads(), stop_tokens=target.stop_tokens,
-                                        sampling=options.sampling, seed=options.seed)
+            target_gguf, draft_gguf = llama_peer.gguf_path(args.target, stage), llama_peer.gguf_path(args.draft, stage)
+            peer_note = llama_peer.crash_reason(draft_gguf, torch.get_num_threads())
+        if peer_note is None:
+            peer = llama_peer.LlamaPeer(target_gguf, draft_gguf, threads=torch.get_num_threads(),
+                                        stop_tokens=target.stop_tokens, sampling=options.sampling, seed=options.seed)
             modes["llama.cpp_plain"] = peer.plain
             modes["llama.cpp_speculative"] = peer.speculative
             peer_note = peer.describe()

@@ -45,9 +45,21 @@
 
 namespace {
 
-// How far ahead each weight stream is prefetched: into L1 as non-temporal data (AVX-512), into
-// L2 (AVX2; 4 KB there took 1.05x the time of a one-row target pass here, built for AVX2).
+// How far ahead each weight stream is prefetched: into L1 (AVX-512), into L2 (AVX2; 4 KB there
+// took 1.05x the time of a one-row target pass on an AMD Zen 5, built for AVX2).
 constexpr int64_t kAheadBytes = 4096, kAheadBytesL2 = 8192;
+// How AVX-512's first pass over the weights fetches them into L1: as non-temporal data
+// (prefetchnta) on AMD's cores, where one-row passes took 0.93-0.94x the time (target) and 0.98x
+// (draft) of 8 KB ahead into L2 (Zen 5, alternated in one process, 2026-12-04); as ordinary data
+// (prefetcht0) elsewhere: on an Intel Xeon (Emerald Rapids, under KVM, 2026-12-05) prefetchnta
+// stalled the loop on every prefetch whenever the weights were not in huge pages (a 14.5 MB
+// 4-bit matrix, one row: 1.26 ms against 0.35), and never ran faster. kernel.py decides by the
+// CPU's vendor.
+#ifdef SPECCHAT_PREFETCH_NTA
+constexpr int kFirstPassLocality = 0;
+#else
+constexpr int kFirstPassLocality = 3;
+#endif
 
 // One instantiation of the kernel: 4-input chunks per group (8 for groups of 32, 4 for 16) and
 // the weight's format.
@@ -244,9 +256,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
       }
     }
     // Prefetch. A first pass fetches about kAheadBytes ahead on each stream (weights, scales,
-    // mins) into L1 as non-temporal data (read once: the caches keep the rest): one-row passes of
-    // the pair took 0.93-0.94x the time (target) and 0.98x (draft) than with 8 KB ahead into L2
-    // (alternated in one process, 2026-12-04). One tile's streams run on into the next tile's; a
+    // mins) into L1 (see kFirstPassLocality). One tile's streams run on into the next tile's; a
     // pair's tile 1's streams run on into the next pair's tile 0, tile 0's jump to the next pair's
     // tile 1 once its own groups run out.
     // More than 7 rows take several passes over the pair, the later ones from the caches: every
@@ -256,7 +266,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     // target passes took 0.90x the time, 12 rows 0.92x, 16 rows 0.94x with the fetches spread
     // (alternated in one process, 2026-12-05); two pairs ahead instead of one, 1.03x.
     // Prefetches never fault, so the last pair's look past its end is harmless.
-    // locality: __builtin_prefetch's (0: non-temporal, prefetchnta; 2: prefetcht1, into L2)
+    // locality: __builtin_prefetch's (0: non-temporal, prefetchnta; 2: prefetcht1, into L2; 3: prefetcht0)
     // (inlined: a call here would spill every live vector register around it, all caller-saved)
     const auto prefetch = [&](auto locality, int64_t g_ahead) __attribute__((always_inline)) {  // g_ahead: counted from this pair's tile 0
       const auto fetch = [](const void* p) __attribute__((always_inline)) { __builtin_prefetch(p, 0, decltype(locality)::value); };
@@ -280,7 +290,7 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
         }
       }
     };
-    if (pass == 0) prefetch(std::integral_constant<int, 0>{}, g + kAhead);
+    if (pass == 0) prefetch(std::integral_constant<int, kFirstPassLocality>{}, g + kAhead);
     if (const int64_t at = pass * groups + g; passes > 1 && at % passes == 0) {
       prefetch(std::integral_constant<int, 2>{}, groups + at / passes);
     }

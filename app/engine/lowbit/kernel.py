@@ -43,13 +43,25 @@ KERNEL_NAMES = {"avxvnni": "AVX-VNNI", "avx2": "AVX2", "vnni256": "AVX-VNNI (AVX
 
 
 @functools.cache
-def cpu_flags() -> set[str]:
+def _cpu_field(name: str) -> str:
+    """A field of the first CPU in /proc/cpuinfo ("" when unreadable)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
+        return ""
+    line = next((line for line in text.splitlines() if line.split(":", 1)[0].strip() == name), "")
+    return line.split(":", 1)[-1].strip()
+
+
+def cpu_flags() -> set[str]:
+    return set(_cpu_field("flags").split())
+
+
+def compile_flags(isa: str) -> list[str]:
+    """The compiler's flags for `isa` on this machine: AVX-512's prefetching of the weights
+    differs between AMD's cores and others' (see kernel.cpp's kFirstPassLocality)."""
+    vendor_flags = ["-DSPECCHAT_PREFETCH_NTA"] if isa == "avx512" and _cpu_field("vendor_id") == "AuthenticAMD" else []
+    return COMMON_FLAGS + ISAS[isa][1] + vendor_flags
 
 
 def machine_isa() -> str | None:
@@ -89,7 +101,7 @@ def build_id() -> str:
 @functools.cache
 def _source_digest(isa: str) -> str:
     """Sources, flags and the torch and Python it is built against: what makes one build."""
-    flags = COMMON_FLAGS + ISAS[isa][1]
+    flags = compile_flags(isa)
     digest = hashlib.sha256(" ".join(flags + [torch.__version__, sys.implementation.cache_tag]).encode())
     for source in [HERE / name for name in SOURCES] + HEADERS:
         digest.update(source.read_bytes())
@@ -138,7 +150,7 @@ def _build_for(isa: str):
             pass  # an unfinished build: built again below
     try:
         module = cpp_extension.load(
-            name=name, sources=[str(HERE / source) for source in SOURCES], extra_cflags=COMMON_FLAGS + ISAS[isa][1],
+            name=name, sources=[str(HERE / source) for source in SOURCES], extra_cflags=compile_flags(isa),
             extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False,
         )
     except Exception as error:  # no compiler, no headers, no ninja: the reference path still works
