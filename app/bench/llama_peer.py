@@ -62,7 +62,8 @@ def crash_reason(gguf: Path, threads: int) -> str | None:
         hint = (" (llama-cpp-python 0.3.36's AMX kernels do on AMX CPUs: build it without them, see the README)"
                 if cause == "SIGILL" else "")
         return f"llama.cpp died with {cause} on a 64-token batch on this CPU{hint}; left out"
-    return f"llama.cpp failed on a 64-token batch here ({done.stderr.strip().splitlines()[-1:] or 'no message'}); left out"
+    last_line = (done.stderr.strip().splitlines() or ["no message"])[-1]
+    return f"llama.cpp failed on a 64-token batch here ({last_line}); left out"
 
 
 def gguf_path(source: str, progress) -> Path:

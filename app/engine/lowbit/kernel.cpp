@@ -52,9 +52,9 @@ constexpr int64_t kAheadBytes = 4096, kAheadBytesL2 = 8192;
 // (prefetchnta) on AMD's cores, where one-row passes took 0.93-0.94x the time (target) and 0.98x
 // (draft) of 8 KB ahead into L2 (Zen 5, alternated in one process, 2026-12-04); as ordinary data
 // (prefetcht0) elsewhere: on an Intel Xeon (Emerald Rapids, under KVM, 2026-12-05) prefetchnta
-// stalled the loop on every prefetch whenever the weights were not in huge pages (a 14.5 MB
-// 4-bit matrix, one row: 1.26 ms against 0.35), and never ran faster. kernel.py decides by the
-// CPU's vendor.
+// stalled the loop on its prefetches (a 14.5 MB 4-bit matrix in ordinary pages, one row: 1.26 ms
+// against 0.35; the default target's one-token pass 66-67 ms against 43-46 in some runs, alike in
+// others) and never ran faster. kernel.py decides by the CPU's vendor.
 #ifdef SPECCHAT_PREFETCH_NTA
 constexpr int kFirstPassLocality = 0;
 #else
