@@ -232,9 +232,9 @@ def run_speed(args: argparse.Namespace) -> dict:
         "plain": ours(engine, replace(options, speculative=False)),
         "speculative": ours(engine, replace(options, speculative=True)),
     }
-    # The process's memory once both models have answered (their weights are mapped from the cache
-    # file and are in memory only once read: right after loading, the default pair's process held
-    # 0.59 GiB), before HF's copies and the peer's models join it
+    # The process's memory once both models have answered (their caches and work buffers then
+    # allocated; a float model's weights, mapped from their file, then read), before HF's copies
+    # and the peer's models join it
     for run in modes.values():
         run(prompts[0], 8)
     rss_in_use = _rss_bytes()
