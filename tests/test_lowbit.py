@@ -515,6 +515,31 @@ def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, 
         assert torch.equal(together[r], alone[0])
 
 
+@pytest.mark.parametrize("isa", BUILDS)
+@pytest.mark.parametrize("window", [0, 100])
+def test_rows_over_a_long_cache_go_in_passes_that_change_nothing(isa, window):
+    """Over a long cache the rows' scores would outgrow the L2 cache, so the rows go in passes of a
+    few (here 2, 2, 2 and 1): each row still gets torch's attention, bit-identical to the row alone."""
+    module = built(isa)
+    kv_heads, heads, head_dim, start, n = 2, 14, 16, 9000, 7  # 7 heads x 9,007 scores: 252 KB a row
+    capacity = 9024
+    generator = torch.Generator().manual_seed(window)
+    queries = torch.randn(n, heads, head_dim, generator=generator)
+    cached_keys, cached_values = torch.randn(2, kv_heads, capacity, head_dim, generator=generator).half()
+    keys, values = cached_keys.float(), cached_values.float()
+    scale = head_dim**-0.5
+    together = module.attention(queries, cached_keys, cached_values, start, scale, window, 0.0)
+    for r in range(n):
+        length = start + r + 1
+        first = max(0, length - window) if window else 0
+        seen = slice(first, length)
+        scores = queries[r][:, None] @ keys[:, seen].repeat_interleave(heads // kv_heads, 0).transpose(1, 2) * scale
+        expected = (scores.softmax(-1) @ values[:, seen].repeat_interleave(heads // kv_heads, 0))[:, 0]
+        assert torch.allclose(together[r], expected, atol=1e-5, rtol=1e-4)
+        alone = module.attention(queries[r : r + 1], cached_keys, cached_values, start + r, scale, window, 0.0)
+        assert torch.equal(together[r], alone[0])
+
+
 @pytest.mark.skipif(kernel.native() is None, reason="the C++ kernel is not built on this machine")
 def test_the_native_cache_holds_keys_and_values_in_float16():
     """The native stack's cache is float16: half the bytes of a float32 one, holding the float32
