@@ -503,16 +503,21 @@ def test_native_attention_matches_scaled_dot_product_attention(head_dim, heads, 
     scale = head_dim**-0.5
     together = module.attention(queries, cached_keys, cached_values, start, scale, window, cap)
     for r in range(n):
-        length = start + r + 1
-        first = max(0, length - window) if window else 0
-        seen_keys = keys[:, first:length].repeat_interleave(heads // kv_heads, 0)
-        scores = queries[r][:, None] @ seen_keys.transpose(1, 2) * scale  # [heads, 1, keys]
-        if cap:
-            scores = torch.tanh(scores / cap) * cap
-        expected = (scores.softmax(-1) @ values[:, first:length].repeat_interleave(heads // kv_heads, 0))[:, 0]
+        expected = reference_attention_row(queries[r], keys, values, start + r + 1, scale, window, cap)
         assert torch.allclose(together[r], expected, atol=1e-5, rtol=1e-4)
         alone = module.attention(queries[r : r + 1], cached_keys, cached_values, start + r, scale, window, cap)
         assert torch.equal(together[r], alone[0])
+
+
+def reference_attention_row(query, keys, values, length, scale, window, cap=0.0):
+    """torch's attention of one row (query [heads, head_dim]) over the first `length` cached keys
+    and values ([kv_heads, capacity, head_dim]; with a window, its last `window` only) -> [heads, head_dim]."""
+    group = query.shape[0] // keys.shape[0]
+    seen = slice(max(0, length - window) if window else 0, length)
+    scores = query[:, None] @ keys[:, seen].repeat_interleave(group, 0).transpose(1, 2) * scale  # [heads, 1, keys]
+    if cap:
+        scores = torch.tanh(scores / cap) * cap
+    return (scores.softmax(-1) @ values[:, seen].repeat_interleave(group, 0))[:, 0]
 
 
 @pytest.mark.parametrize("isa", BUILDS)
@@ -530,11 +535,7 @@ def test_rows_over_a_long_cache_go_in_passes_that_change_nothing(isa, window):
     scale = head_dim**-0.5
     together = module.attention(queries, cached_keys, cached_values, start, scale, window, 0.0)
     for r in range(n):
-        length = start + r + 1
-        first = max(0, length - window) if window else 0
-        seen = slice(first, length)
-        scores = queries[r][:, None] @ keys[:, seen].repeat_interleave(heads // kv_heads, 0).transpose(1, 2) * scale
-        expected = (scores.softmax(-1) @ values[:, seen].repeat_interleave(heads // kv_heads, 0))[:, 0]
+        expected = reference_attention_row(queries[r], keys, values, start + r + 1, scale, window)
         assert torch.allclose(together[r], expected, atol=1e-5, rtol=1e-4)
         alone = module.attention(queries[r : r + 1], cached_keys, cached_values, start + r, scale, window, 0.0)
         assert torch.equal(together[r], alone[0])
