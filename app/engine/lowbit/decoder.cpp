@@ -316,14 +316,14 @@ struct AttentionTasks {
   void run_on(int64_t row_tasks, int64_t begin, int64_t end) const {
     const T* keys = static_cast<const T*>(key_cache);
     const T* values = static_cast<const T*>(value_cache);
+    const int64_t group = heads / kv_heads;
+    // A task's rows go in passes of as many as keep their scores within kScoreBytes
+    const int64_t pass_rows = std::max<int64_t>(1, kScoreBytes / (group * (start + n) * static_cast<int64_t>(sizeof(float))));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / row_tasks, first = row_tasks == 1 ? 0 : task % row_tasks;
       const int64_t last = row_tasks == 1 ? n : first + 1;
-      // All rows of one kv head in passes of as many rows as keep their scores within kScoreBytes
-      const int64_t per_row = heads / kv_heads * (start + n) * static_cast<int64_t>(sizeof(float));
-      const int64_t pass_rows = std::max<int64_t>(1, kScoreBytes / per_row);
       for (int64_t f = first; f < last; f += pass_rows) {
-        attend_kv_head(queries, q_stride, f, std::min(last, f + pass_rows), heads, heads / kv_heads, g, head_dim,
+        attend_kv_head(queries, q_stride, f, std::min(last, f + pass_rows), heads, group, g, head_dim,
                        keys + g * head_dim * capacity, values + g * capacity * head_dim, start, window, scaling, cap, out);
       }
     }

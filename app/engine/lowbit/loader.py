@@ -101,9 +101,10 @@ def _take_gemma_settings(config, reader) -> None:
     large = config.num_hidden_layers == (62 if gemma3 else 46)
     config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads if large else config.head_dim
     field = lambda key: reader.fields.get(f"{'gemma3' if gemma3 else 'gemma2'}.{key}")
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if not gemma3 and field(key) is not None:
-            setattr(config, key, float(field(key).contents()))
+    if not gemma3:
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if field(key) is not None:
+                setattr(config, key, float(field(key).contents()))
     kind, factor = field("rope.scaling.type"), field("rope.scaling.factor")
     if gemma3 and kind is not None and factor is not None and kind.contents() == "linear":
         config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(factor.contents()))
