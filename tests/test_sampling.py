@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from app.engine.sampling import SamplingParams, draw, logits_to_probs
+from app.engine.sampling import SamplingParams, argmax, draw, logits_to_probs
 
 
 def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -50,3 +50,15 @@ def test_the_filters_apply_in_order_temperature_top_k_top_p_min_p():
     # then drops 0.15, less than 0.4 times the likeliest's 0.4
     probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=4, top_p=0.8, min_p=0.4))
     assert torch.allclose(probs, torch.tensor([4 / 7, 3 / 7, 0.0, 0.0, 0.0]))
+
+
+def test_argmax_is_torchs_first_largest_on_rows_and_vectors():
+    values = torch.randn(6, 151936, generator=torch.Generator().manual_seed(0))
+    values[1, 70000] = values[1, 9] = values[1].max() + 1  # a tie: the first index wins
+    values[2, 5] = float("nan")  # torch takes a NaN for the largest value
+    assert torch.equal(argmax(values), values.argmax(-1))
+    assert argmax(values)[1] == 9
+    assert argmax(values[3]).shape == () and argmax(values[3]) == values[3].argmax()
+    assert torch.equal(argmax(values[:, ::2]), values[:, ::2].argmax(-1))  # not contiguous
+    half = values.half()  # not float32: torch's own
+    assert torch.equal(argmax(half), half.argmax(-1))

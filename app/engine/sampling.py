@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -73,8 +74,17 @@ def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 def sample(probs: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """probs [..., V] -> token ids [...] (argmax when greedy)."""
     if params.greedy:
-        return probs.argmax(-1)
+        return argmax(probs)
     return draw(probs, generator)
+
+
+def argmax(values: torch.Tensor) -> torch.Tensor:
+    """values [..., V] -> the index of each row's largest value [...], the first of equals (as
+    torch.argmax). On the CPU through numpy, whose vectorised argmax took 0.013 ms a row of
+    151,936 floats here against torch's 0.275 (about 1 ms of every 5-token verification)."""
+    if values.device.type != "cpu" or values.dtype != torch.float32:
+        return values.argmax(-1)
+    return torch.from_numpy(np.asarray(values.contiguous().numpy().argmax(-1)))
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

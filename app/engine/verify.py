@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import SamplingParams, draw
+from .sampling import SamplingParams, argmax, draw
 
 
 def _leading_matches(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> int:
@@ -19,7 +19,7 @@ def _leading_matches(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) ->
 
 def verify_greedy(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> tuple[int, int]:
     """draft_tokens [k] long, target_probs [k+1, V]: accept while the draft is the target's argmax."""
-    target_tokens = target_probs.argmax(-1)
+    target_tokens = argmax(target_probs)
     n_accepted = _leading_matches(draft_tokens, target_tokens)
     return n_accepted, int(target_tokens[n_accepted])
 
