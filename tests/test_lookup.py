@@ -5,7 +5,7 @@ import torch
 from app.engine.cached_model import cached
 from app.engine.engine import SpeculativeEngine
 from app.engine.loop import Limits, speculative_generate
-from app.engine.policy import FixedK
+from app.engine.policy import CostAwareK, CostModel, FixedK
 from app.engine.proposers import DraftModelProposer, NgramIndex, PromptLookupProposer, continuation
 from app.engine.sampling import SamplingParams
 from app.engine.steps import Source, Stats
@@ -139,3 +139,94 @@ def test_copied_tokens_are_marked_and_have_no_draft_probability(tiny_target):
     assert copied and drafted
     assert all(t.p_draft is None for t in copied if t.source is Source.ACCEPTED)
     assert all(t.p_draft is not None for t in drafted)
+
+
+def test_a_copy_passed_over_leaves_the_drafting_to_the_model(tiny_target):
+    """Where the policy declines a copy, the draft model drafts as if there were none, and the
+    draft still tells which copy it passed over, for the policy to learn from."""
+    prompt = [20, 21, 22, 23, 24, 25, 20, 21, 22]
+    asked = []
+    def declining(k, n_copies):
+        asked.append((k, n_copies))
+        return False
+    proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3)
+    proposer.begin(prompt)
+    draft = proposer.propose(4, limit=6, use_copies=declining)
+    assert draft.own == 4 and draft.looked_up == 0 and draft.probs is not None
+    assert (draft.copies, draft.copies_at) == ([23, 24, 25], 0) and asked[0] == (4, 3)
+    plain_step = proposer.propose(0, limit=6, use_copies=declining)
+    assert len(plain_step) == 0 and plain_step.copies == [23, 24, 25]
+    taken = proposer.propose(4, limit=6, use_copies=lambda *_: True)
+    assert taken.tokens.tolist() == [23, 24, 25] and taken.copies == [23, 24, 25]
+
+
+def test_a_copy_after_drafted_tokens_is_declined_mid_draft(tiny_target):
+    model = cached(tiny_target.model)
+    vocab = tiny_target.model.config.vocab_size
+    for token in range(vocab):  # as in the test above: the drafted token completes a repeat
+        prompt = [20, 21, token, 50, 51, 20, 21]
+        model.reset()
+        if int(model.forward(torch.tensor(prompt), keep=1)[0].argmax()) == token:
+            break
+    asked = []
+    def declining(k, n_copies):
+        asked.append(n_copies)
+        return False
+    proposer = DraftModelProposer(model, SamplingParams(), None, lookup_tokens=3)
+    proposer.begin(prompt)
+    draft = proposer.propose(4, limit=8, use_copies=declining)
+    assert draft.own == 4 and draft.looked_up == 0 and draft.tokens[0] == token and asked
+
+
+def copy_policy() -> CostAwareK:
+    # a memory-bound target (5 tokens cost 1.1x one), a draft token at a tenth of a pass
+    return CostAwareK(CostModel(draft_token=0.005, verify={1: 0.050, 5: 0.055, 9: 0.060}))
+
+
+def test_the_policy_learns_from_copies_whether_taken_or_passed_over():
+    policy = copy_policy()
+    start = policy.copy_acceptance
+    policy.observe_copies([5, 6, 7], 0, [5, 6, 7, 8])  # all three accepted, then a bonus
+    assert policy.copy_acceptance > start
+    high = policy.copy_acceptance
+    policy.observe_copies([5, 6, 7], 2, [1, 2, 5, 9])  # after two drafted tokens: one right, one wrong
+    assert policy.copy_acceptance < high
+    before = (policy.copies_accepted_weight, policy.copies_rejected_weight)
+    policy.observe_copies([5, 6, 7], 3, [1, 2, 3])  # the step ended before the copy's place
+    assert (policy.copies_accepted_weight, policy.copies_rejected_weight) == before
+    policy.observe_copies([5, 6, 7], 0, [5, 6])  # its end unseen: two accepted, no rejection
+    assert policy.copies_rejected_weight < before[1]
+
+
+def test_the_policy_copies_where_copies_pay():
+    policy = copy_policy()
+    for _ in range(20):  # a draft whose fourth token the target rejects: acceptance 0.75
+        policy.update(n_drafted=4, n_accepted=3, draft_seconds=0.02, target_seconds=0.055)
+    for _ in range(20):  # copies whose second token it rejects: less often right than the draft
+        policy.observe_copies([5, 6, 7], 0, [5, 9, 7])
+    assert policy.k > 0 and not policy.use_copies(policy.k, 3)
+    assert policy.use_copies(0, 3)  # yet they beat a plain step
+    for _ in range(20):  # copies it rejects at once
+        policy.observe_copies([5, 6, 7], 0, [9, 6, 7])
+    assert not policy.use_copies(0, 3)  # a longer pass for nothing
+    for _ in range(20):  # copies it takes whole
+        policy.observe_copies([5, 6, 7], 0, [5, 6, 7, 8])
+    assert policy.use_copies(policy.k, 3) and policy.use_copies(0, 3)
+
+
+def test_an_adaptive_engine_learns_copies_and_keeps_the_output(tiny_target):
+    engine = SpeculativeEngine(tiny_target, tiny_target)
+    prompt = list(range(30, 60)) + list(range(30, 40))
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW)
+    seen = []
+    original = CostAwareK.observe_copies
+    def recording(self, copies, at, emitted):
+        seen.append(copies)
+        original(self, copies, at, emitted)
+    try:
+        CostAwareK.observe_copies = recording
+        steps = all_steps(engine, prompt, k=4, adaptive=True, lookup=3, max_new_tokens=N_NEW)
+    finally:
+        CostAwareK.observe_copies = original
+    assert [t.id for s in steps for t in s.tokens] == plain
+    assert any(seen)

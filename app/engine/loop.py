@@ -86,7 +86,7 @@ def speculative_generate(
         behind = proposer.behind()
         k = 0 if n_new == 0 and behind else min(policy.next_k(budget - n_new, behind, n_new), room)
         draft_start = clock.now()
-        draft = proposer.propose(k, policy.keep_drafting, limit=room)
+        draft = proposer.propose(k, policy.keep_drafting, limit=room, use_copies=policy.use_copies)
         draft_tokens = draft.tokens.to(target.device)
         target_start = clock.now()
         step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])
@@ -101,6 +101,7 @@ def speculative_generate(
                       target_seconds, draft.catch_up_tokens, draft.catch_up_seconds, n_verified=len(draft) + 1)
 
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
+        policy.observe_copies(draft.copies, draft.copies_at, [token.id for token in emitted])
         tokens += [token.id for token in emitted]
         n_new += len(emitted)
         if finish is None and n_new >= budget:

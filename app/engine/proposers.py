@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -26,6 +26,10 @@ class Draft:
     # Trailing tokens looked up in earlier text on top of the proposer's own (which it drafted at
     # the policy's k); the policy learns the proposer's cost and acceptance from its own alone.
     looked_up: int = 0
+    # The step's copy of earlier text, proposed or passed over: its tokens and the step's position
+    # they would take (0: the step's first token), so that the policy learns whether copies pay.
+    copies: list[int] = field(default_factory=list)
+    copies_at: int = 0
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -38,13 +42,17 @@ class Draft:
 # Called after each drafted token with the draft's probability of each token drafted so far in
 # this step: whether to draft one more (see the policies' keep_drafting).
 KeepDrafting = Callable[[list[float]], bool]
+# Called where earlier text offers a copy, with (the policy's k, tokens the copy offers): whether
+# to propose the copy (see the policies' use_copies).
+UseCopies = Callable[[int, int], bool]
 
 
 class Proposer(Protocol):
     # -> prompt tokens its model's cache still held from an earlier request (0 without a model)
     def begin(self, prompt_ids: list[int]) -> int: ...
     def behind(self) -> int: ...  # committed tokens it must first be fed before it can draft
-    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None) -> Draft: ...
+    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None,
+                use_copies: UseCopies | None = None) -> Draft: ...
     def commit(self, n_accepted: int, next_token: int) -> None: ...
 
 
@@ -145,15 +153,19 @@ class DraftModelProposer(_Committed):
         # Keep what the cache holds of the prompt but its last token, which the first draft step feeds.
         return keep_prefix(self.model, prompt_ids[:-1])
 
-    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None) -> Draft:
+    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None,
+                use_copies: UseCopies | None = None) -> Draft:
         """k: tokens the draft model may draft at most (0: none); keep_drafting: after each drafted
-        token, whether to go on (None: always); limit: tokens in all (default k)."""
+        token, whether to go on (None: always); limit: tokens in all (default k); use_copies:
+        whether to propose a copy of earlier text where there is one (None: always)."""
         limit = k if limit is None else limit
-        looked_up = self._looked_up([], limit)
-        if looked_up:  # the model need not run, nor first be fed what it has not seen
-            return self._draft(torch.tensor(looked_up), None, looked_up=len(looked_up))
+        copies = self._looked_up([], limit)
+        if copies and (use_copies is None or use_copies(k, len(copies))):
+            # the model need not run, nor first be fed what it has not seen
+            return self._draft(torch.tensor(copies), None, looked_up=len(copies), copies=copies)
         if k == 0:
-            return self._draft(torch.empty(0, dtype=torch.long), None)
+            return self._draft(torch.empty(0, dtype=torch.long), None, copies=copies)
+        passed_over = copies  # the policy still learns from them (Draft.copies)
         # Feed what was committed since the cache last grew: usually the target's last token, after
         # a fully accepted draft also the last draft token; the prompt on the first draft, and the
         # tokens of plain steps after them. A few go with the first draft step (one pass over a
@@ -184,6 +196,8 @@ class DraftModelProposer(_Committed):
                 break  # nothing after the answer's end is ever emitted
             if self.lookup_tokens:
                 looked_up = self._looked_up(drafted, limit - len(drafted))
+                if looked_up and use_copies is not None and not use_copies(k, len(looked_up)):
+                    looked_up = []  # the model drafts on
             if looked_up or i == k - 1:
                 break  # earlier text continues from here: the rest is looked up, not drafted
             logits = self._logits([drafted[-1]])
@@ -197,7 +211,8 @@ class DraftModelProposer(_Committed):
             certain.scatter_(1, torch.tensor(looked_up).view(-1, 1), 1.0)
             probs = torch.cat([probs, certain.to(probs.device)])
         tokens = torch.tensor(drafted + looked_up)
-        return self._draft(tokens, probs, len(looked_up), catch_up_seconds, catch_up_tokens)
+        copies, copies_at = (looked_up, len(drafted)) if looked_up else (passed_over, 0)
+        return self._draft(tokens, probs, len(looked_up), catch_up_seconds, catch_up_tokens, copies, copies_at)
 
     def _looked_up(self, drafted: list[int], limit: int) -> list[int]:
         """Tokens that followed the last LOOKUP_NGRAM of the committed and drafted tokens earlier
@@ -210,9 +225,10 @@ class DraftModelProposer(_Committed):
         return looked_up if stop is None else looked_up[: stop + 1]
 
     def _draft(self, tokens: torch.Tensor, probs: torch.Tensor | None, looked_up: int = 0,
-               catch_up_seconds: float = 0.0, catch_up_tokens: int = 0) -> Draft:
+               catch_up_seconds: float = 0.0, catch_up_tokens: int = 0, copies: list[int] | None = None,
+               copies_at: int = 0) -> Draft:
         self.last_draft = tokens.tolist()
-        return Draft(tokens, probs, catch_up_seconds, catch_up_tokens, looked_up)
+        return Draft(tokens, probs, catch_up_seconds, catch_up_tokens, looked_up, copies or [], copies_at)
 
     def _logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
         """Feeds token_ids -> the logits of the last position [V], or [S] over the vocabulary."""
@@ -246,7 +262,8 @@ class PromptLookupProposer(_Committed):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None) -> Draft:
+    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None,
+                use_copies: UseCopies | None = None) -> Draft:
         self.last_draft = continuation(self.ids, k, self.max_ngram, self.min_ngram) if k else []
         return Draft(torch.tensor(self.last_draft, dtype=torch.long), None)
 
@@ -254,5 +271,6 @@ class PromptLookupProposer(_Committed):
 class NoProposer(_Committed):
     """Speculation off: nothing is drafted and every token is the target's own."""
 
-    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None) -> Draft:
+    def propose(self, k: int, keep_drafting: KeepDrafting | None = None, limit: int | None = None,
+                use_copies: UseCopies | None = None) -> Draft:
         return Draft(torch.empty(0, dtype=torch.long), None)

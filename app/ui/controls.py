@@ -88,7 +88,8 @@ class ControlsPanel(QTabWidget):
         self.lookup.setChecked(DEFAULTS.lookup > 0)
         self.lookup.setToolTip(f"Where the last three tokens appeared earlier in the conversation, the draft proposes\n"
                                f"the {DEFAULTS.lookup} that followed them there instead of drafting them (summaries and\n"
-                               f"answers quote their sources); the answer is the same either way")
+                               f"answers quote their sources); with adaptive k only while such copies pay. The answer\n"
+                               f"is the same either way")
         form.addRow(self.speculative)
         form.addRow("Draft length k", self.k)
         form.addRow(self.adaptive)
