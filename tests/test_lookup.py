@@ -185,17 +185,17 @@ def copy_policy() -> CostAwareK:
 
 def test_the_policy_learns_from_copies_whether_taken_or_passed_over():
     policy = copy_policy()
-    start = policy.copy_acceptance
+    start = policy.copied.rate
     policy.observe_copies([5, 6, 7], 0, [5, 6, 7, 8])  # all three accepted, then a bonus
-    assert policy.copy_acceptance > start
-    high = policy.copy_acceptance
+    assert policy.copied.rate > start
+    high = policy.copied.rate
     policy.observe_copies([5, 6, 7], 2, [1, 2, 5, 9])  # after two drafted tokens: one right, one wrong
-    assert policy.copy_acceptance < high
-    before = (policy.copies_accepted_weight, policy.copies_rejected_weight)
+    assert policy.copied.rate < high
+    before = (policy.copied.accepted, policy.copied.rejected)
     policy.observe_copies([5, 6, 7], 3, [1, 2, 3])  # the step ended before the copy's place
-    assert (policy.copies_accepted_weight, policy.copies_rejected_weight) == before
+    assert (policy.copied.accepted, policy.copied.rejected) == before
     policy.observe_copies([5, 6, 7], 0, [5, 6])  # its end unseen: two accepted, no rejection
-    assert policy.copies_rejected_weight < before[1]
+    assert policy.copied.rejected < before[1]
 
 
 def test_the_policy_copies_where_copies_pay():

@@ -101,8 +101,9 @@ def speculative_generate(
                       target_seconds, draft.catch_up_tokens, draft.catch_up_seconds, n_verified=len(draft) + 1)
 
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
-        policy.observe_copies(draft.copies, draft.copies_at, [token.id for token in emitted])
-        tokens += [token.id for token in emitted]
+        emitted_ids = [token.id for token in emitted]
+        policy.observe_copies(draft.copies, draft.copies_at, emitted_ids)
+        tokens += emitted_ids
         n_new += len(emitted)
         if finish is None and n_new >= budget:
             finish = FinishReason.LENGTH if budget == limits.max_new_tokens else FinishReason.CONTEXT

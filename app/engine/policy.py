@@ -80,6 +80,25 @@ class CostModel:
 
 
 @dataclass
+class RunningAcceptance:
+    """The chance that the target accepts a proposed token, with older steps fading out. The prior
+    counts as 3 accepted and 1 rejected: 0.75."""
+
+    accepted: float = 3.0
+    rejected: float = 1.0
+    fading: float = 0.85
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def observe(self, n_accepted: int, rejected: bool) -> None:
+        """A step's leading accepted tokens, and whether one was rejected after them."""
+        self.accepted = self.fading * self.accepted + n_accepted
+        self.rejected = self.fading * self.rejected + rejected
+
+
+@dataclass
 class CostAwareK:
     """Drafts while one more draft token is worth its time, and decodes plainly while drafting
     is not.
@@ -108,11 +127,8 @@ class CostAwareK:
     probe_every: int = 8
     probe: int = 2  # the longest probe
     explore_every: int = 16
-    fading: float = 0.85
-    accepted_weight: float = 3.0  # prior: acceptance 0.75
-    rejected_weight: float = 1.0
-    copies_accepted_weight: float = 3.0  # the same for copied tokens
-    copies_rejected_weight: float = 1.0
+    drafted: RunningAcceptance = field(default_factory=RunningAcceptance)  # the draft model's tokens
+    copied: RunningAcceptance = field(default_factory=RunningAcceptance)  # copies of earlier text
     plain_steps: int = 0
     drafting_steps: int = 0
     # Drafting must save twice its catch-up: near the break-even point the gain is small either
@@ -139,7 +155,7 @@ class CostAwareK:
     def acceptance(self) -> float:
         """The running chance that the target accepts a drafted token, learnt from what was offered
         (a draft that stopped itself and was wholly accepted counts no rejection)."""
-        return self.accepted_weight / (self.accepted_weight + self.rejected_weight)
+        return self.drafted.rate
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """confidences: the draft's probability of each token it drafted so far this step;
@@ -162,8 +178,7 @@ class CostAwareK:
         self.costs.observe(n_drafted, draft_seconds, n_verified or n_drafted + 1, target_seconds)
         self.costs.observe_catch_up(catch_up_tokens, catch_up_seconds)
         if n_drafted:
-            self.accepted_weight = self.fading * self.accepted_weight + n_accepted
-            self.rejected_weight = self.fading * self.rejected_weight + (n_accepted < n_drafted)
+            self.drafted.observe(n_accepted, rejected=n_accepted < n_drafted)
             self.plain_steps = 0
             self.drafting_steps += 1
             self.exploring = self.drafting_steps % self.explore_every == self.explore_every - 1
@@ -171,11 +186,6 @@ class CostAwareK:
             self.plain_steps += 1
         if self.costs.ready:
             self._choose()
-
-    @property
-    def copy_acceptance(self) -> float:
-        """The running chance that the target accepts a copied token (see use_copies)."""
-        return self.copies_accepted_weight / (self.copies_accepted_weight + self.copies_rejected_weight)
 
     def use_copies(self, k: int, n_copies: int) -> bool:
         """Whether to propose the n_copies tokens that followed the text's last tokens earlier
@@ -188,7 +198,7 @@ class CostAwareK:
         without copies), one process each (docs/history.md)."""
         if not self.costs.ready:
             return True
-        copied = min(self.copy_acceptance, 0.999)
+        copied = min(self.copied.rate, 0.999)
         if k:
             return copied >= self.acceptance
         tokens = (1 - copied ** (n_copies + 1)) / (1 - copied)
@@ -203,8 +213,7 @@ class CostAwareK:
         if not compared:
             return
         matched = next((i for i, (copy, token) in enumerate(compared) if copy != token), len(compared))
-        self.copies_accepted_weight = self.fading * self.copies_accepted_weight + matched
-        self.copies_rejected_weight = self.fading * self.copies_rejected_weight + (matched < len(compared))
+        self.copied.observe(matched, rejected=matched < len(compared))
 
     def next_k(self, remaining: int, catch_up: int, generated: int = 0) -> int:
         """The longest draft of the next step (0: a plain step), with `remaining` tokens left in

@@ -165,7 +165,6 @@ class DraftModelProposer(_Committed):
             return self._draft(torch.tensor(copies), None, looked_up=len(copies), copies=copies)
         if k == 0:
             return self._draft(torch.empty(0, dtype=torch.long), None, copies=copies)
-        passed_over = copies  # the policy still learns from them (Draft.copies)
         # Feed what was committed since the cache last grew: usually the target's last token, after
         # a fully accepted draft also the last draft token; the prompt on the first draft, and the
         # tokens of plain steps after them. A few go with the first draft step (one pass over a
@@ -211,7 +210,8 @@ class DraftModelProposer(_Committed):
             certain.scatter_(1, torch.tensor(looked_up).view(-1, 1), 1.0)
             probs = torch.cat([probs, certain.to(probs.device)])
         tokens = torch.tensor(drafted + looked_up)
-        copies, copies_at = (looked_up, len(drafted)) if looked_up else (passed_over, 0)
+        # the copy taken after drafted tokens, else the one passed over at the start (the policy learns from both)
+        copies, copies_at = (looked_up, len(drafted)) if looked_up else (copies, 0)
         return self._draft(tokens, probs, len(looked_up), catch_up_seconds, catch_up_tokens, copies, copies_at)
 
     def _looked_up(self, drafted: list[int], limit: int) -> list[int]:
