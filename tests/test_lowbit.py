@@ -1,5 +1,7 @@
 """The low-bit engine: packing, GGUF block decoding, the C++ kernel against the pure-torch
 reference, batch invariance, and greedy equivalence with low-bit tiny models."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -328,6 +330,35 @@ def low_bit_copy(model: LoadedModel, bits: int) -> LoadedModel:
 @pytest.fixture(scope="module")
 def low_bit_target(tiny_target):
     return low_bit_copy(tiny_target, 8)
+
+
+def test_a_stored_model_starts_without_transformers_modeling_code(tmp_path):
+    """A later start of a lean-run model (the default pair's) imports the app and loads and runs the
+    stored copy without transformers' modeling code, which takes seconds to import."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from app.engine.lowbit import store
+    from app.engine.lowbit.loader import load_gguf_lowbit
+
+    write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2")
+    store.save(load_gguf_lowbit(tmp_path / "tiny.gguf"), tiny_model(1).tokenizer, tmp_path / "stored")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from pathlib import Path
+        import app.cli, app.ui.main_window
+        from app.engine.cached_model import cached
+        from app.engine.lowbit import store
+        model, tokenizer = store.load(Path({str(tmp_path / "stored")!r}))
+        logits = cached(model).forward(torch.tensor([3, 5, 7]), 1)
+        assert logits.shape[-1] == 96 and len(tokenizer) > 0
+        print(sorted(name for name in sys.modules if name.startswith("transformers.modeling_utils")))
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_quantized_model_keeps_only_low_bit_linears(low_bit_target, tiny_target):

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import exact_attention
 from .prefix_cache import PrefixStore, Snapshot
 
 if TYPE_CHECKING:
@@ -29,6 +28,10 @@ class CachedModel:
         # (exact_attention): with the low-bit kernel's batch-invariant linears, greedy speculative
         # output then equals plain output. A GPU keeps one call for all rows (its matrix products
         # are not batch invariant either).
+        # Imported here: transformers' attention code takes seconds to import, and the lean
+        # decoder, which runs the default pair, never needs it.
+        from . import exact_attention
+
         self.exact_rows = self.device.type == "cpu" and exact_attention.use_exact_rows(model)
         self.reset()
 
