@@ -166,3 +166,28 @@ def test_a_turn_ends_at_the_chat_formats_end_of_turn_tokens():
     model.tokenizer.add_special_tokens({"additional_special_tokens": ["<end_of_turn>", "<start_of_turn>", "<|eot_id|>"]})
     end, start, eot = model.tokenizer.convert_tokens_to_ids(["<end_of_turn>", "<start_of_turn>", "<|eot_id|>"])
     assert model.stop_tokens == before | {end, eot}
+
+
+def test_stored_tensors_are_read_whole_into_one_buffer_or_refused(tmp_path):
+    """A stored model's tensors read straight into one (huge-page) buffer: the same values, dtypes
+    and shapes as safetensors reads, empty tensors included; a cut or foreign file is refused with
+    ValueError (the caller then prepares the model again)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from app.engine.lowbit.memory import read_in_huge_pages
+
+    tensors = {"q": torch.randint(0, 255, (3, 70), dtype=torch.uint8), "empty": torch.empty(16, 0, dtype=torch.float16),
+               "scale": torch.randn(5, 7).half(), "codes": torch.randint(-9, 9, (33,), dtype=torch.int8),
+               "norm": torch.randn(9), "ids": torch.arange(4)}
+    save_file(tensors, tmp_path / "t.safetensors", metadata={"format": "pt"})
+    read, expected = read_in_huge_pages(tmp_path / "t.safetensors"), load_file(tmp_path / "t.safetensors")
+    assert read.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert read[name].dtype == tensor.dtype and torch.equal(read[name], tensor), name
+    assert len({t.untyped_storage().data_ptr() for t in read.values()}) == 1  # one buffer
+    whole = (tmp_path / "t.safetensors").read_bytes()
+    for damaged in (whole[:-10], whole[:5], b"\xff" * 8 + whole[8:], whole[:8] + b"{not json" + whole[17:]):
+        (tmp_path / "d.safetensors").write_bytes(damaged)
+        with pytest.raises(ValueError):
+            read_in_huge_pages(tmp_path / "d.safetensors")

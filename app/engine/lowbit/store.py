@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from ..tokenizer_cache import folder_tokenizer
 from . import skeleton
-from .memory import in_huge_pages
+from .memory import read_in_huge_pages
 from .modules import LowBitEmbedding, LowBitLinear, _Packed, fuse_projections
 from .packing import PackedWeight
 
@@ -94,7 +94,7 @@ def load(folder: Path) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     config = AutoConfig.from_pretrained(folder)
     # What LeanDecoder runs loads without transformers' modeling code; every weight comes from the file.
     model = skeleton.CausalLM(config) if skeleton.can_build(config) else skeleton.empty_transformers_model(config)
-    tensors = in_huge_pages(load_file(folder / WEIGHTS))
+    tensors = read_in_huge_pages(folder / WEIGHTS)
     for name, spec in layout.items():
         source = spec["weights_of"]
         packed = PackedWeight(*(tensors[f"{source}.w_{part}"] for part in PackedWeight.TENSORS), spec["bits"], spec["group"])
