@@ -216,6 +216,25 @@ def test_gguf_rows_follow_the_architecture_order():
     assert torch.equal(packing.dequantize(packed_from_gguf(data, qtype, (32, 64), order)), straight.flip(0))
 
 
+@pytest.mark.parametrize("bits", [3, 4, 8])
+def test_gguf_weights_quantized_afresh_a_few_rows_at_a_time_equal_the_whole(bits, monkeypatch):
+    """A GGUF matrix re-quantized (a cheaper draft, or a format the kernel does not take) goes some
+    rows at a time, to bound a first start's memory: the same packed weight as the whole at once,
+    rows in the architecture's order and the last part padded included."""
+    from app.engine.lowbit import gguf_weights
+
+    qtype = GGMLQuantizationType.Q8_0
+    n, k = 100, 64
+    data = random_blocks(qtype, n * k // 32, seed=3).reshape(n, -1)
+    order = np.random.default_rng(0).permutation(n)
+    whole = torch.from_numpy(dequantize(data, qtype).reshape(n, k).astype(np.float32))[torch.from_numpy(order)]
+    expected = packing.quantize_float(whole, bits, 32)
+    monkeypatch.setattr(gguf_weights, "REQUANTIZED_ROWS", 32)
+    chunked = packed_from_gguf(data, qtype, (n, k), order, requantize_bits=bits)
+    assert all(torch.equal(getattr(chunked, name), getattr(expected, name)) for name in packing.PackedWeight.TENSORS)
+    assert chunked.out_features == expected.out_features == 128 and chunked.bits == bits
+
+
 def write_tiny_gguf(path, architecture, layers=2, width=64, inner=128, heads=4, kv_heads=2, head_dim=16,
                     vocabulary=96, extra=None, tied=False, **settings):
     """A GGUF in Q8_0 whose heads are narrower than the architecture's usual ones; returns each

@@ -87,6 +87,17 @@ class PackedWeight:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.TENSORS}
 
+    @staticmethod
+    def joined(parts: list[PackedWeight]) -> PackedWeight:
+        """The weights of consecutive output rows as one; every part but the last holds a
+        multiple of ROWS_MULTIPLE rows (only a whole weight's end is padded)."""
+        if len(parts) == 1:
+            return parts[0]
+        if any(part.out_features % ROWS_MULTIPLE for part in parts[:-1]):
+            raise ValueError(f"only the last part may hold rows beyond a multiple of {ROWS_MULTIPLE}")
+        return PackedWeight(*(torch.cat([getattr(part, name) for part in parts]) for name in PackedWeight.TENSORS),
+                            bits=parts[0].bits, group=parts[0].group)
+
     def tiles(self, index) -> PackedWeight:
         """The weight of some output tiles (index: a slice or tile indices)."""
         return PackedWeight(*(t[index] for t in self.tensors().values()), bits=self.bits, group=self.group)
