@@ -65,7 +65,8 @@ class _ArraysAtOnce(gguf.GGUFReader):
         if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
             return super()._get_field_parts(orig_offs, raw_type)
         data = self.data
-        raw_itype, count_part = data[orig_offs : orig_offs + 4].view(np.uint32), data[orig_offs + 4 : orig_offs + 12].view(np.uint64)
+        raw_itype = data[orig_offs : orig_offs + 4].view(np.uint32)
+        count_part = data[orig_offs + 4 : orig_offs + 12].view(np.uint64)
         item_type, count = GGUFValueType(int(raw_itype[0])), int(count_part[0])
         item_dtype = self.gguf_scalar_to_np.get(item_type)
         if item_type != GGUFValueType.STRING and item_dtype is None:  # arrays of arrays: rare and small

@@ -46,8 +46,8 @@ def read_in_huge_pages(path: Path) -> dict[str, torch.Tensor]:
         try:
             header = json.loads(file.read(header_length))
             header.pop("__metadata__", None)
-            specs = sorted(((name, spec["dtype"], spec["shape"], *spec["data_offsets"]) for name, spec in header.items()),
-                           key=lambda spec: spec[3])
+            specs = sorted(((name, spec["dtype"], spec["shape"], *spec["data_offsets"])
+                            for name, spec in header.items()), key=lambda spec: spec[3])
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{path} is not a safetensors file ({error})") from error
         padded = lambda begin, end: -(-(end - begin) // 64) * 64  # each tensor 64-byte aligned
