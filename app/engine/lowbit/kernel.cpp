@@ -536,13 +536,14 @@ inline __m256 group_values(const void* values, __m256 step, int64_t g, int half)
   }
 }
 
+// Where a block of rows takes the tile's weights: kUnpack unpacks them; kUnpackAndKeep also stores
+// them in `kept` (K x 16 bytes, in the order they are used); kKept reads them from there (see
+// tile_rows).
+enum WeightSource { kUnpack, kUnpackAndKeep, kKept };
+
 // One 16-output tile against `Rows` activation rows, over all K, in two halves of 8 outputs.
 // Every output gets the AVX-512 kernel's integers and float steps, in the same order: the same
 // bits, and batch invariance. Never inlined, as there.
-// Weights: kUnpack unpacks the tile's weights; kUnpackAndKeep also stores them in `kept` (K x 16
-// bytes, in the order they are used); kKept reads them from there (see tile_rows).
-enum WeightSource { kUnpack, kUnpackAndKeep, kKept };
-
 template <int Rows, int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped, WeightSource Weights>
 __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                                            const Activations& act, float* out, int64_t out_stride, uint8_t* kept) {
@@ -653,8 +654,8 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
 // unpacked (K x 16 bytes, within L2) and the others read them. Alternated in one process with
 // re-unpacking (2026-12-05, an Intel Xeon, matrices in the caches, 4 to 16 rows): 3-bit 0.54-0.80x
 // the time (AVX2) and 0.47-0.75x (AVX-VNNI), 6-bit 0.77-0.92x and 0.83-1.08x; the default target
-// (Q4_K_M: its output layer and half its value and down projections 6-bit) over 3 to 16 tokens 0.91-0.97x
-// (AVX2) and 0.95-1.01x (AVX-VNNI). 4-bit weights, a shift and a mask, were no faster.
+// (Q4_K_M: its output layer and half its value and down projections 6-bit) over 3 to 16 tokens
+// 0.91-0.97x (AVX2) and 0.95-1.01x (AVX-VNNI). 4-bit weights, a shift and a mask, were no faster.
 template <int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 void tile_rows(int rows, const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                const Activations& act, float* out, int64_t out_stride) {
