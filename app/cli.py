@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .options import DEFAULTS, add_engine_arguments
@@ -34,18 +35,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
-        if args.bench == "seed":
-            from .bench.seed import run_seed
+        from .engine.errors import ModelError
 
-            run_seed(args)
-        elif args.bench == "ui":
-            from .bench.ui import run_ui
+        try:
+            if args.bench == "seed":
+                from .bench.seed import run_seed
 
-            run_ui(args)
-        else:
-            from .bench.speed import run_speed
+                run_seed(args)
+            elif args.bench == "ui":
+                from .bench.ui import run_ui
 
-            run_speed(args)
+                run_ui(args)
+            else:
+                from .bench.speed import run_speed
+
+                run_speed(args)
+        except ModelError as error:  # a missing, corrupt or mismatched model: what is wrong, not a traceback
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "chat":
         from .terminal import run_terminal_chat

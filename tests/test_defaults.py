@@ -101,3 +101,17 @@ def test_the_terminal_chat_continues_an_answer_cut_short(tiny_target, tiny_draft
     assert parts == whole and len(whole.split()) > 8
     _, log = chat(["/continue", ""], 8)
     assert "nothing to continue" in log
+
+
+@pytest.mark.parametrize("bench", ["speed", "seed"])
+def test_the_benchmarks_report_a_bad_model_file_in_a_line(bench, tmp_path, capsys):
+    """A missing or corrupt GGUF file stops a benchmark with what is wrong with it (exit status 2),
+    as the terminal chat does, not with a traceback."""
+    from app.cli import main
+
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"not a GGUF file")
+    for path, reason in ((tmp_path / "missing.gguf", "not found"), (corrupt, "GGUF magic")):
+        assert main(["bench", bench, "--draft", str(path), "--target", str(path), "--limit", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and reason in err and str(path) in err and "Traceback" not in err
