@@ -111,7 +111,9 @@ def test_the_benchmarks_report_a_bad_model_file_in_a_line(bench, tmp_path, capsy
 
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(b"not a GGUF file")
+    (tmp_path / "gsm8k_test.jsonl").write_text('{"question": "What is 2 + 2?", "answer": "#### 4"}\n')
+    data = {"speed": ["--data", str(tmp_path / "gsm8k_test.jsonl")], "seed": ["--data-dir", str(tmp_path), "--tasks", "gsm8k"]}
     for path, reason in ((tmp_path / "missing.gguf", "not found"), (corrupt, "GGUF magic")):
-        assert main(["bench", bench, "--draft", str(path), "--target", str(path), "--limit", "1"]) == 2
+        assert main(["bench", bench, "--draft", str(path), "--target", str(path), "--limit", "1", *data[bench]]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and reason in err and str(path) in err and "Traceback" not in err
