@@ -69,11 +69,28 @@ def test_seed_run_scores_times_and_resumes(tmp_path, data_dir, monkeypatch):
     assert result["identical"] and set(result["tasks"]) == {"gsm8k", "mmlu", "cnndm"}
     for summary in result["tasks"].values():
         assert summary["items"] == 2 and summary["speedup"] > 0 and summary["identical"]
+        # decoding's own rate leaves the prompt's reading out, so it is the higher one
+        for mode in ("plain", "speculative"):
+            assert summary[f"{mode}_decode_tokens_per_s"] > summary[f"{mode}_tokens_per_s"]
+        assert summary["decode_speedup"] == pytest.approx(
+            summary["speculative_decode_tokens_per_s"] / summary["plain_decode_tokens_per_s"], rel=1e-2)
         assert summary["quality_plain"] == summary["quality_speculative"]
     assert set(result["tasks"]["cnndm"]["quality_plain"]) == {"rouge1", "rouge2", "rougeL"}
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "| gsm8k | 2 |" in out.with_suffix(".md").read_text()
     assert first["tasks"]["gsm8k"]["items"] == 1
+
+
+def test_records_resumed_from_before_prefill_was_timed_give_no_decode_rates():
+    timed = {"tokens": 10, "seconds": 2.0, "prefill_seconds": 1.0, "drafted": 4, "accepted": 2, "target_passes": 5,
+             "score": {"correct": 1.0}}
+    old = {key: value for key, value in timed.items() if key != "prefill_seconds"}
+    fresh = seed_module.summarize([{"plain": timed, "speculative": timed, "identical": True}])
+    assert fresh["plain_decode_tokens_per_s"] == 10.0 and fresh["decode_speedup"] == 1.0
+    mixed = seed_module.summarize([{"plain": timed, "speculative": timed, "identical": True},
+                                   {"plain": old, "speculative": old, "identical": True}])
+    assert "decode_speedup" not in mixed and "plain_decode_tokens_per_s" not in mixed and mixed["speedup"] == 1.0
+    assert "| – |" in seed_module.markdown_table({"gsm8k": mixed})
 
 
 def test_seed_run_compares_with_a_reference_run(tmp_path, data_dir):

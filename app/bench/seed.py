@@ -58,7 +58,8 @@ def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: Generati
         token_ids[mode] = [t.id for s in steps for t in s.tokens]
         text = tokenizer.decode(token_ids[mode], skip_special_tokens=True)
         stats = steps[-1].stats
-        record[mode] = {"tokens": len(token_ids[mode]), "seconds": round(seconds, 3), "score": task.score(text, row),
+        record[mode] = {"tokens": len(token_ids[mode]), "seconds": round(seconds, 3),
+                        "prefill_seconds": round(stats.prefill_seconds, 3), "score": task.score(text, row),
                         "text": text, "drafted": stats.drafted, "accepted": stats.accepted, "looked_up": stats.looked_up,
                         "target_passes": stats.target_passes, "accepted_lengths": stats.accepted_lengths}
     if len(token_ids) == 2:
@@ -69,8 +70,13 @@ def run_item(engine: SpeculativeEngine, task: Task, row: dict, options: Generati
 def summarize(records: list[dict]) -> dict:
     modes = [mode for mode in ("plain", "speculative") if all(mode in r for r in records)]
 
-    def rate(mode: str) -> float:
-        return sum(r[mode]["tokens"] for r in records) / sum(r[mode]["seconds"] for r in records)
+    def rate(mode: str, less_prefill: bool = False) -> float:
+        seconds = sum(r[mode]["seconds"] - (r[mode]["prefill_seconds"] if less_prefill else 0) for r in records)
+        return sum(r[mode]["tokens"] for r in records) / seconds
+
+    # Speculation speeds up generation, not the prompt's reading: decoding's own rate too (records
+    # resumed from runs before it was saved have no prefill time)
+    timed_prefill = all("prefill_seconds" in r[mode] for r in records for mode in modes)
 
     def quality(mode: str) -> dict:
         keys = records[0][mode]["score"]
@@ -79,8 +85,12 @@ def summarize(records: list[dict]) -> dict:
     out = {"items": len(records)}
     for mode in modes:
         out[f"{mode}_tokens_per_s"] = round(rate(mode), 3)
+        if timed_prefill:
+            out[f"{mode}_decode_tokens_per_s"] = round(rate(mode, less_prefill=True), 3)
     if len(modes) == 2:
         out["speedup"] = round(rate("speculative") / rate("plain"), 3)
+        if timed_prefill:
+            out["decode_speedup"] = round(rate("speculative", less_prefill=True) / rate("plain", less_prefill=True), 3)
     if "speculative" in modes:
         spec = [r["speculative"] for r in records]
         drafted = sum(s["drafted"] for s in spec)
@@ -126,16 +136,16 @@ def reference_table(comparisons: dict[str, dict], reference: Path) -> str:
 
 
 def markdown_table(summary: dict[str, dict]) -> str:
-    lines = ["| task | items | plain tok/s | speculative tok/s | speedup | acceptance | mean accepted length "
-             "| quality plain | quality speculative | identical |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    lines = ["| task | items | plain tok/s | speculative tok/s | speedup | decode speedup | acceptance "
+             "| mean accepted length | quality plain | quality speculative | identical |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     number = lambda value, form: "–" if value is None else format(value, form)
     for name, s in summary.items():
         identical = "–" if "identical" not in s else str(s["identical"]).lower()
         lines.append(f"| {name} | {s['items']} | {number(s.get('plain_tokens_per_s'), '.2f')} | "
                      f"{number(s.get('speculative_tokens_per_s'), '.2f')} | {number(s.get('speedup'), '.2f')}"
-                     f"{'x' if 'speedup' in s else ''} | "
-                     f"{number(s.get('acceptance_rate'), '.1%')} | {number(s.get('mean_accepted_length'), '.2f')} | "
+                     f"{'x' if 'speedup' in s else ''} | {number(s.get('decode_speedup'), '.2f')}"
+                     f"{'x' if 'decode_speedup' in s else ''} | {number(s.get('acceptance_rate'), '.1%')} | {number(s.get('mean_accepted_length'), '.2f')} | "
                      f"{_scores(s.get('quality_plain'))} | {_scores(s.get('quality_speculative'))} | {identical} |")
     return "\n".join(lines)
 
@@ -148,7 +158,16 @@ def plot(summary: dict[str, dict], records: dict[str, list[dict]], path: Path) -
 
     figure, (speed, lengths) = plt.subplots(1, 2, figsize=(11, 4))
     names = list(summary)
-    speed.bar(names, [summary[n]["speedup"] for n in names], color="#0072B2")
+    places = range(len(names))
+    if all("decode_speedup" in summary[n] for n in names):
+        speed.bar([p - 0.2 for p in places], [summary[n]["speedup"] for n in names], width=0.4, color="#0072B2",
+                  label="end to end")
+        speed.bar([p + 0.2 for p in places], [summary[n]["decode_speedup"] for n in names], width=0.4,
+                  color="#D55E00", label="decoding (prompt's reading left out)")
+        speed.legend(loc="lower right")
+    else:
+        speed.bar(places, [summary[n]["speedup"] for n in names], color="#0072B2")
+    speed.set_xticks(list(places), names)
     speed.axhline(1.0, color="grey", linewidth=1, linestyle="--")
     speed.set_title("Speedup over plain target decoding")
     speed.set_ylabel("x")
