@@ -164,7 +164,8 @@ def plot(summary: dict[str, dict], records: dict[str, list[dict]], path: Path) -
                   label="end to end")
         speed.bar([p + 0.2 for p in places], [summary[n]["decode_speedup"] for n in names], width=0.4,
                   color="#D55E00", label="decoding (prompt's reading left out)")
-        speed.legend(loc="lower right")
+        speed.set_ylim(0, 1.35 * max(summary[n]["decode_speedup"] for n in names))  # room for the legend
+        speed.legend(loc="upper right")
     else:
         speed.bar(places, [summary[n]["speedup"] for n in names], color="#0072B2")
     speed.set_xticks(list(places), names)
