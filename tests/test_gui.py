@@ -8,7 +8,7 @@ from app.engine.steps import FinishReason
 from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from app.engine.errors import ModelError
 from app.engine.sampling import SamplingParams
-from app.ui.main_window import MainWindow
+from app.ui.main_window import READ_AHEAD_PAUSE_MS, MainWindow
 from app.ui.theme import LIGHT
 from tests.tiny import tiny_model
 
@@ -471,6 +471,33 @@ def test_a_follow_up_finds_the_conversation_cached(qtbot, make_window):
     memory = window.acceptance.fields["memory"]
     assert window.engine.cache_bytes() > 0 and memory.text().endswith(f", caches {window.engine.cache_bytes() / 2**20:,.0f} MiB")
     assert "weights add 100% to the target's" in memory.toolTip()  # the tiny draft is the target's twin
+
+
+def test_the_message_is_read_while_it_is_typed(qtbot, make_window):
+    """Once typing pauses the target reads the message: sent, it finds all of it but its last
+    token cached, and the answer is the one it gets without reading ahead. The switch is remembered."""
+    window = make_window()
+    text = " ".join(f"t{i}" for i in range(5, 70))
+    window.read_ahead_action.setChecked(False)
+    window.composer.setPlainText(text)
+    qtbot.wait(2 * READ_AHEAD_PAUSE_MS)
+    assert window.engine.cache_bytes() == 0  # switched off: nothing read
+    unread = send_and_wait(qtbot, window, text)
+    assert unread.stats.cached_prompt_tokens == 0
+    window.new_chat()
+    window.engine.forget()
+    window.read_ahead_action.setChecked(True)
+    window.composer.setPlainText(text)
+    prompt_tokens = unread.stats.prompt_tokens
+    qtbot.waitUntil(lambda: window.engine._target.length == prompt_tokens - 1, timeout=10_000)
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.send_button.click()
+    read_ahead = window.conversation.messages[-1]
+    assert read_ahead.stats.cached_prompt_tokens == prompt_tokens - 1
+    assert read_ahead.stats.token_ids == unread.stats.token_ids
+    window.read_ahead_action.setChecked(False)
+    window.save_settings()
+    assert window.settings.value("read_ahead", True, bool) is False
 
 
 def test_window_shortcuts_work_while_typing(qtbot, make_window):

@@ -91,6 +91,43 @@ def test_going_back_to_an_earlier_chat_reads_only_what_it_adds(engine):
     assert ids == read_afresh(engine, follow_up) == read_afresh(engine, follow_up, speculative=False)
 
 
+def test_a_message_read_ahead_is_answered_as_if_read_afresh(engine):
+    """The message being typed is read before it is sent: its request finds all of it but the
+    last token cached, and answers as if it had read the whole prompt itself."""
+    prompt = list(range(1, 80))  # more than two passes of a read-ahead
+    expected = read_afresh(engine, prompt)
+    engine.forget()
+    assert engine.read_ahead(prompt, threading.Event()) == len(prompt) - 1
+    assert engine._draft.length == len(prompt) - 1  # the draft too: it need not catch up first
+    ids, cached = answered(engine, prompt)
+    assert cached == len(prompt) - 1 and ids == expected
+
+
+def test_typing_on_reads_only_what_changed_and_a_cancelled_read_ahead_stops(engine):
+    engine.forget()
+    typed = list(range(1, 40))
+    assert engine.read_ahead(typed, threading.Event()) == len(typed) - 1
+    retyped = typed[:-3] + list(range(50, 90))  # the last words changed, and more typed
+    stopped = threading.Event()
+    stopped.set()
+    assert engine.read_ahead(retyped, stopped) == len(typed) - 3  # what still holds is kept, nothing read
+    assert engine.read_ahead(retyped, threading.Event()) == len(retyped) - 1
+    ids, cached = answered(engine, retyped)
+    assert cached == len(retyped) - 1 and ids == read_afresh(engine, retyped)
+
+
+def test_nothing_is_read_ahead_while_an_answer_runs_or_past_the_context(engine):
+    engine.forget()
+    steps = engine.generate(PROMPT, options(k=4, max_new_tokens=8))
+    next(steps)  # the answer holds the engine
+    assert engine.read_ahead(list(range(30, 60)), threading.Event()) == 0
+    answer = [token.id for step in steps for token in step.tokens]
+    assert answer  # it went on undisturbed
+    held = list(engine._target.ids)
+    assert engine.read_ahead([1] * engine.target.context_length, threading.Event()) == 0
+    assert engine._target.ids == held
+
+
 def test_forgetting_drops_the_kept_copies(engine):
     engine.forget()
     first_chat = list(range(1, MIN_TOKENS + 11))

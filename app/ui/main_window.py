@@ -38,6 +38,7 @@ class LoadResult:
 
 
 READING_PROMPT = "Reading the prompt:"  # the status bar while a long prompt is read
+READ_AHEAD_PAUSE_MS = 400
 
 
 DEFAULT_SIZE = (1280, 800)
@@ -63,6 +64,10 @@ class MainWindow(QMainWindow):
         self.progress: QProgressDialog | None = None
         self._render_timer = QTimer(self, singleShot=True, interval=40)
         self._render_timer.timeout.connect(self._render)
+        # The message is read ahead once typing pauses this long (each read-ahead keeps what the
+        # last one read that still holds)
+        self._read_ahead_timer = QTimer(self, singleShot=True, interval=READ_AHEAD_PAUSE_MS)
+        self._read_ahead_timer.timeout.connect(self.read_ahead)
 
         self.setWindowTitle("SpecChat")
         self.setWindowIcon(QIcon(str(RESOURCES / "icon.png")))
@@ -178,12 +183,18 @@ class MainWindow(QMainWindow):
         chat_menu.addSeparator()
         chat_menu.addAction("Compare with speculation off", QKeySequence("Ctrl+K"), self.compare)
         chat_menu.addAction("System prompt for this chat...", QKeySequence("Ctrl+Shift+P"), self.edit_system_prompt)
+        chat_menu.addSeparator()
+        self.read_ahead_action = QAction("Read the message while it is typed", self, checkable=True, checked=True)
+        self.read_ahead_action.setToolTip("The target reads your message as you type it, so that its answer "
+                                          "starts as soon as you send it (a pasted document too)")
+        chat_menu.addAction(self.read_ahead_action)
 
     def _connect(self) -> None:
         self.composer.send_requested.connect(self.send)
         self.chat_view.action_requested.connect(self.on_message_action)
         self.composer.stop_requested.connect(self.stop)
         self.composer.files_dropped.connect(self.insert_files)
+        self.composer.textChanged.connect(self._read_ahead_timer.start)
         self.send_button.clicked.connect(lambda: self.send(self.composer.toPlainText().strip()))
         self.stop_button.clicked.connect(self.stop)
         self.compare_button.clicked.connect(self.compare)
@@ -239,6 +250,7 @@ class MainWindow(QMainWindow):
         self.colouring.setChecked(s.value("colouring", True, bool))
         self.ghosts.setChecked(s.value("ghosts", False, bool))
         self.dark_action.setChecked(s.value("theme", "light") == "dark")
+        self.read_ahead_action.setChecked(s.value("read_ahead", True, bool))
 
     def save_settings(self) -> None:
         s, c = self.settings, self.controls
@@ -254,6 +266,7 @@ class MainWindow(QMainWindow):
                            ("seed", options.seed), ("thinking", c.thinking.isChecked()),
                            ("colouring", self.colouring.isChecked()),
                            ("ghosts", self.ghosts.isChecked()), ("theme", self.theme.name),
+                           ("read_ahead", self.read_ahead_action.isChecked()),
                            (WINDOW_GEOMETRY, self.saveGeometry()),
                            *((key, splitter.saveState()) for key, splitter in self.splitters.items())]:
             s.setValue(key, value)
@@ -281,6 +294,7 @@ class MainWindow(QMainWindow):
     def load_models(self) -> None:
         chosen = self.controls.load_options()
         ticket = self.models.request()  # any load still running is now stale
+        self.worker.stop_reading_ahead()  # for models about to go
         self.engine = None
         self.set_busy(self.session.busy)
         self.statusBar().showMessage(f"Loading models: {chosen.target} + {chosen.draft}...")
@@ -330,6 +344,7 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}) with draft {draft.name} "
                                      f"({draft.precision})", 5000)
         self.set_busy(self.session.busy)
+        self._read_ahead_timer.start()  # a message typed while the models loaded
         self.models_ready.emit()
 
     def add_model(self) -> None:
@@ -380,6 +395,7 @@ class MainWindow(QMainWindow):
         self.chat_view.show_messages([])
         self.refresh_chat_list()
         self.set_busy(False)
+        self._read_ahead_timer.start()  # a message already typed goes to this chat now
 
     def open_chat(self, chat_id: int) -> None:
         if self.session.busy:
@@ -391,6 +407,7 @@ class MainWindow(QMainWindow):
         if answer is not None:
             self.acceptance.show_stats(answer.stats)
         self.set_busy(False)
+        self._read_ahead_timer.start()  # a message already typed goes to this chat now
 
     def rename_chat(self) -> None:
         if self.conversation.id is None:
@@ -465,6 +482,13 @@ class MainWindow(QMainWindow):
         self.chat_view.show_messages(self.conversation.messages, answer_follows=True)
         self._start(request)
         self.refresh_chat_list()
+
+    def read_ahead(self) -> None:
+        """Has the target read the message typed so far, as sending it would give it."""
+        text = self.composer.toPlainText().strip()
+        if not text or not self.read_ahead_action.isChecked() or self.engine is None or self.session.busy:
+            return
+        self.worker.read_ahead(self.engine, self.session.prompt_ids_for(text, self.engine, replacing=self.editing))
 
     def answer_pending(self) -> None:
         if self._can_start() and self.session.unanswered():
@@ -642,6 +666,7 @@ class MainWindow(QMainWindow):
         self._show_save_errors()
         self._show_memory()
         self.set_busy(False)
+        self._read_ahead_timer.start()  # what was typed meanwhile
         self.answer_finished.emit()
 
     def _show_memory(self) -> None:
@@ -668,6 +693,8 @@ class MainWindow(QMainWindow):
     # ---- closing ---------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         """Stop generation at the next step and keep what was generated so far."""
+        self._read_ahead_timer.stop()
+        self.worker.stop_reading_ahead(wait_seconds=10)  # not left running in the model's memory at exit
         if self.worker.running:
             self.worker.stop()
             self.worker.wait(30)
