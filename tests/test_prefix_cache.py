@@ -206,3 +206,6 @@ def test_sliding_window_models_read_every_prompt_whole():
     first, _ = answered(engine, PROMPT)
     again, cached = answered(engine, PROMPT)
     assert cached == 0 and again == first
+    # so reading a message ahead would be wasted: it is not read
+    held = list(engine._target.ids)
+    assert engine.read_ahead(PROMPT + [5, 6], threading.Event()) == 0 and engine._target.ids == held

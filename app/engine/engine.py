@@ -99,9 +99,10 @@ class SpeculativeEngine:
         """Reads a prompt not sent yet (the message being typed) into the target's cache, then the
         draft's (so that speculation need not first catch up on a long message), until done or
         `cancel` is set (see loop.read_ahead); returns how many of its tokens the target's cache
-        holds. Reads nothing while a request runs, or when the prompt does not fit the context
-        (its request will say so)."""
-        if len(prompt_ids) >= self.target.context_length or not self._busy.acquire(blocking=False):
+        holds. Reads nothing while a request runs, when the prompt does not fit the context (its
+        request will say so), or for a model whose requests read every prompt whole."""
+        if (len(prompt_ids) >= self.target.context_length or not self._target.reuses_prefix
+                or not self._busy.acquire(blocking=False)):
             return 0
         try:
             read = read_ahead(self._target, prompt_ids, cancel)
