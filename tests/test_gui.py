@@ -500,22 +500,6 @@ def test_the_message_is_read_while_it_is_typed(qtbot, make_window):
     assert window.settings.value("read_ahead", True, bool) is False
 
 
-def test_an_opened_chat_is_read_before_its_follow_up_is_typed(qtbot, make_window):
-    """After a restart nothing is cached; opening a chat reads it, so that its follow-up reads
-    only the new message."""
-    window = make_window()
-    answer = send_and_wait(qtbot, window)
-    chat_id = window.conversation.id
-    window.close()
-    again = make_window()
-    assert again.engine.cache_bytes() == 0
-    again.open_chat(chat_id)
-    conversation = again.session.prompt_ids_for(None, again.engine)
-    qtbot.waitUntil(lambda: again.engine._target.length == len(conversation) - 1, timeout=10_000)
-    follow_up = send_and_wait(qtbot, again, "and then")
-    assert answer.stats.prompt_tokens < follow_up.stats.cached_prompt_tokens < follow_up.stats.prompt_tokens
-
-
 def test_window_shortcuts_work_while_typing(qtbot, make_window):
     """The message box has the focus nearly always; its own key bindings must not swallow the
     window's shortcuts (Qt's text edits take Ctrl+K, delete to the end of the line, on Linux)."""

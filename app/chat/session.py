@@ -116,12 +116,10 @@ class ChatSession:
             self._save(lambda: self.store.update_message(message))
 
     # ---- requests -----------------------------------------------------------------------------
-    def prompt_ids_for(self, text: str | None, engine: SpeculativeEngine, replacing: int | None = None) -> list[int]:
+    def prompt_ids_for(self, text: str, engine: SpeculativeEngine, replacing: int | None = None) -> list[int]:
         """The prompt that sending `text` would give (in place of the user message at `replacing`,
-        as edit does; None: the chat so far, which any message sent next begins with): what the
-        window reads ahead while the message is typed."""
-        message = [] if text is None else [Message(role="user", content=text).to_prompt()]
-        prompt = self.conversation.prompt_messages(upto=replacing) + message
+        as edit does): what the window reads ahead while the message is typed."""
+        prompt = self.conversation.prompt_messages(upto=replacing) + [Message(role="user", content=text).to_prompt()]
         return chat_prompt_ids(engine.target.tokenizer, prompt, self.thinking)
 
     def ask(self, text: str, engine: SpeculativeEngine, options: GenerationOptions) -> Request:

@@ -484,11 +484,9 @@ class MainWindow(QMainWindow):
         self.refresh_chat_list()
 
     def read_ahead(self) -> None:
-        """Lets the models read the message typed so far as sending it would give it, or, with the
-        box empty, the chat so far (an older chat just opened: its follow-up then starts at once)."""
-        text = self.composer.toPlainText().strip() or None
-        if (not self.read_ahead_action.isChecked() or self.engine is None or self.session.busy
-                or (text is None and not self.conversation.messages)):
+        """Has the target read the message typed so far, as sending it would give it."""
+        text = self.composer.toPlainText().strip()
+        if not text or not self.read_ahead_action.isChecked() or self.engine is None or self.session.busy:
             return
         self.worker.read_ahead(self.engine, self.session.prompt_ids_for(text, self.engine, replacing=self.editing))
 
