@@ -8,7 +8,7 @@ from app.engine.steps import FinishReason
 from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from app.engine.errors import ModelError
 from app.engine.sampling import SamplingParams
-from app.ui.main_window import READ_AHEAD_PAUSE_MS, MainWindow
+from app.ui.main_window import READ_AHEAD_AFTER_MS, MainWindow
 from app.ui.theme import LIGHT
 from tests.tiny import tiny_model
 
@@ -480,7 +480,7 @@ def test_the_message_is_read_while_it_is_typed(qtbot, make_window):
     text = " ".join(f"t{i}" for i in range(5, 70))
     window.read_ahead_action.setChecked(False)
     window.composer.setPlainText(text)
-    qtbot.wait(2 * READ_AHEAD_PAUSE_MS)
+    qtbot.wait(2 * READ_AHEAD_AFTER_MS)
     assert window.engine.cache_bytes() == 0  # switched off: nothing read
     unread = send_and_wait(qtbot, window, text)
     assert unread.stats.cached_prompt_tokens == 0
@@ -498,6 +498,15 @@ def test_the_message_is_read_while_it_is_typed(qtbot, make_window):
     window.read_ahead_action.setChecked(False)
     window.save_settings()
     assert window.settings.value("read_ahead", True, bool) is False
+
+
+def test_a_message_is_read_while_typing_goes_on(qtbot, make_window):
+    """A steady typist never pauses long: the message is read meanwhile all the same."""
+    window = make_window()
+    for i in range(3 * READ_AHEAD_AFTER_MS // 100):  # a word every 0.1 s
+        window.composer.insertPlainText(f" t{i + 5}")
+        qtbot.wait(100)
+    assert window.engine._target.length > 0
 
 
 def test_window_shortcuts_work_while_typing(qtbot, make_window):

@@ -38,7 +38,7 @@ class LoadResult:
 
 
 READING_PROMPT = "Reading the prompt:"  # the status bar while a long prompt is read
-READ_AHEAD_PAUSE_MS = 400
+READ_AHEAD_AFTER_MS = 400
 
 
 DEFAULT_SIZE = (1280, 800)
@@ -64,9 +64,10 @@ class MainWindow(QMainWindow):
         self.progress: QProgressDialog | None = None
         self._render_timer = QTimer(self, singleShot=True, interval=40)
         self._render_timer.timeout.connect(self._render)
-        # The message is read ahead once typing pauses this long (each read-ahead keeps what the
-        # last one read that still holds)
-        self._read_ahead_timer = QTimer(self, singleShot=True, interval=READ_AHEAD_PAUSE_MS)
+        # The message is read ahead this long after an edit, and then again at most this often
+        # while typing goes on (each read-ahead keeps what the one before read that still holds,
+        # so a steady typist's long chat is read meanwhile, not only once typing stops)
+        self._read_ahead_timer = QTimer(self, singleShot=True, interval=READ_AHEAD_AFTER_MS)
         self._read_ahead_timer.timeout.connect(self.read_ahead)
 
         self.setWindowTitle("SpecChat")
@@ -194,7 +195,7 @@ class MainWindow(QMainWindow):
         self.chat_view.action_requested.connect(self.on_message_action)
         self.composer.stop_requested.connect(self.stop)
         self.composer.files_dropped.connect(self.insert_files)
-        self.composer.textChanged.connect(self._read_ahead_timer.start)
+        self.composer.textChanged.connect(lambda: self._read_ahead_timer.isActive() or self._read_ahead_timer.start())
         self.send_button.clicked.connect(lambda: self.send(self.composer.toPlainText().strip()))
         self.stop_button.clicked.connect(self.stop)
         self.compare_button.clicked.connect(self.compare)
