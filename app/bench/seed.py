@@ -145,7 +145,8 @@ def markdown_table(summary: dict[str, dict]) -> str:
         lines.append(f"| {name} | {s['items']} | {number(s.get('plain_tokens_per_s'), '.2f')} | "
                      f"{number(s.get('speculative_tokens_per_s'), '.2f')} | {number(s.get('speedup'), '.2f')}"
                      f"{'x' if 'speedup' in s else ''} | {number(s.get('decode_speedup'), '.2f')}"
-                     f"{'x' if 'decode_speedup' in s else ''} | {number(s.get('acceptance_rate'), '.1%')} | {number(s.get('mean_accepted_length'), '.2f')} | "
+                     f"{'x' if 'decode_speedup' in s else ''} | {number(s.get('acceptance_rate'), '.1%')} | "
+                     f"{number(s.get('mean_accepted_length'), '.2f')} | "
                      f"{_scores(s.get('quality_plain'))} | {_scores(s.get('quality_speculative'))} | {identical} |")
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ import torch
 from .cached_model import cached, pass_seconds
 from .draft_vocabulary import COMMON_TOKENS, DraftVocabulary
 from .errors import EngineBusyError
-from .loop import Limits, read_ahead, speculative_generate
+from .loop import Limits, read_ahead_into, speculative_generate
 from .models import LoadedModel, check_compatible, shared_vocab_width
 from .policy import CostAwareK, CostModel, FixedK
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
@@ -98,16 +98,16 @@ class SpeculativeEngine:
     def read_ahead(self, prompt_ids: list[int], cancel: threading.Event) -> int:
         """Reads a prompt not sent yet (the message being typed) into the target's cache, then the
         draft's (so that speculation need not first catch up on a long message), until done or
-        `cancel` is set (see loop.read_ahead); returns how many of its tokens the target's cache
+        `cancel` is set (see loop.read_ahead_into); returns how many of its tokens the target's cache
         holds. Reads nothing while a request runs, when the prompt does not fit the context (its
-        request will say so), or for a model whose requests read every prompt whole."""
+        request will say so), or into a model whose requests read every prompt whole."""
         if (len(prompt_ids) >= self.target.context_length or not self._target.reuses_prefix
                 or not self._busy.acquire(blocking=False)):
             return 0
         try:
-            read = read_ahead(self._target, prompt_ids, cancel)
-            if self._draft is not None and not cancel.is_set():
-                read_ahead(self._draft, prompt_ids, cancel)
+            read = read_ahead_into(self._target, prompt_ids, cancel)
+            if self._draft is not None and self._draft.reuses_prefix and not cancel.is_set():
+                read_ahead_into(self._draft, prompt_ids, cancel)
             return read
         finally:
             self._busy.release()

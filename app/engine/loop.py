@@ -122,20 +122,20 @@ def speculative_generate(
             return
 
 
-def read_ahead(target: CachedModel, prompt_ids: list[int], cancel: threading.Event) -> int:
-    """Reads a prompt before it is sent (the message being typed) as its request would: the target's
-    cache keeps what it holds of the prompt, and the rest but the last token (which the request's
-    first step reads) is read READ_AHEAD_CHUNK tokens at a time until `cancel` is set. Returns how
-    many prompt tokens the cache then holds; the request reads only what is left. On the low-bit
-    path the cache gets the very bits the request's own reading would write (the layer stack is
-    batch-invariant), so the answer is the same."""
+def read_ahead_into(model: CachedModel, prompt_ids: list[int], cancel: threading.Event) -> int:
+    """Reads a prompt before it is sent (the message being typed) into a model's cache as its
+    request would: the cache keeps what it holds of the prompt, and the rest but the last token
+    (which the request's first step reads) is read READ_AHEAD_CHUNK tokens at a time until `cancel`
+    is set. Returns how many prompt tokens the cache then holds; the request reads only what is
+    left. On the low-bit path the cache gets the very bits the request's own reading would write
+    (the layer stack is batch-invariant), so the answer is the same."""
     tokens = prompt_ids[:-1]
-    cached = keep_prefix(target, tokens)
+    cached = keep_prefix(model, tokens)
     for first in range(cached, len(tokens), READ_AHEAD_CHUNK):
         if cancel.is_set():
             break
-        target.feed(torch.tensor(tokens[first : first + READ_AHEAD_CHUNK]))
-    return target.length
+        model.feed(torch.tensor(tokens[first : first + READ_AHEAD_CHUNK]))
+    return model.length
 
 
 def _until_stop(emitted: list[EmittedToken], stop_tokens: frozenset[int]) -> tuple[list[EmittedToken], FinishReason | None]:
