@@ -116,6 +116,19 @@ def test_typing_on_reads_only_what_changed_and_a_cancelled_read_ahead_stops(engi
     assert cached == len(retyped) - 1 and ids == read_afresh(engine, retyped)
 
 
+def test_bench_speed_times_a_prompt_read_ahead_from_its_sending(engine):
+    """bench speed's long prompt, also read ahead as the window reads a message being typed: the
+    timed run finds it cached, and answers as the others do."""
+    from app.bench.speed import long_prompt_runs, ours
+
+    prompt = list(range(1, 80))
+    runs = {"plain": ours(engine, options(speculative=False, k=4)), "speculative": ours(engine, options(k=4)),
+            "speculative_read_ahead": ours(engine, options(k=4), read_ahead=True)}
+    assert long_prompt_runs(runs, prompt, 16)["identical"]
+    assert runs["speculative_read_ahead"](prompt, 16).stats.cached_prompt_tokens == len(prompt) - 1
+    assert runs["speculative"](prompt, 16).stats.cached_prompt_tokens == 0
+
+
 def test_nothing_is_read_ahead_while_an_answer_runs_or_past_the_context(engine):
     engine.forget()
     steps = engine.generate(PROMPT, options(k=4, max_new_tokens=8))
