@@ -474,7 +474,7 @@ def test_a_follow_up_finds_the_conversation_cached(qtbot, make_window):
 
 
 def test_the_message_is_read_while_it_is_typed(qtbot, make_window):
-    """Once typing pauses the target reads the message: sent, it finds all of it but its last
+    """Soon after it is typed the models read the message: sent, it finds all of it but its last
     token cached, and the answer is the one it gets without reading ahead. The switch is remembered."""
     window = make_window()
     text = " ".join(f"t{i}" for i in range(5, 70))

@@ -2,10 +2,12 @@
 with (the conversation so far, a regenerated answer's prompt), or what a kept copy of an earlier
 conversation holds, and reads only the rest: the same tokens as reading the whole prompt again."""
 import threading
+import time
 
 import pytest
 import torch
 
+from app.bench.speed import long_prompt_runs, ours
 from app.engine.cached_model import cached
 from app.engine.engine import SpeculativeEngine
 from app.engine.prefix_cache import MIN_TOKENS, RESERVE_BYTES, PrefixStore, Snapshot, keep_prefix
@@ -119,10 +121,6 @@ def test_typing_on_reads_only_what_changed_and_a_cancelled_read_ahead_stops(engi
 def test_bench_speed_times_a_prompt_read_ahead_from_its_sending(engine, monkeypatch):
     """bench speed's long prompt, also read ahead as the window reads a message being typed: the
     timed run finds it cached, answers as the others do, and its clock starts at the sending."""
-    import time
-
-    from app.bench.speed import long_prompt_runs, ours
-
     reading = engine.read_ahead
     monkeypatch.setattr(engine, "read_ahead", lambda *args: time.sleep(1.0) or reading(*args))  # a slow reading
     prompt = list(range(1, 80))

@@ -186,7 +186,7 @@ class MainWindow(QMainWindow):
         chat_menu.addAction("System prompt for this chat...", QKeySequence("Ctrl+Shift+P"), self.edit_system_prompt)
         chat_menu.addSeparator()
         self.read_ahead_action = QAction("Read the message while it is typed", self, checkable=True, checked=True)
-        self.read_ahead_action.setToolTip("The target reads your message as you type it, so that its answer "
+        self.read_ahead_action.setToolTip("The models read your message as you type it, so that its answer "
                                           "starts as soon as you send it (a pasted document too)")
         chat_menu.addAction(self.read_ahead_action)
 
@@ -195,7 +195,7 @@ class MainWindow(QMainWindow):
         self.chat_view.action_requested.connect(self.on_message_action)
         self.composer.stop_requested.connect(self.stop)
         self.composer.files_dropped.connect(self.insert_files)
-        self.composer.textChanged.connect(lambda: self._read_ahead_timer.isActive() or self._read_ahead_timer.start())
+        self.composer.textChanged.connect(self._read_ahead_soon)
         self.send_button.clicked.connect(lambda: self.send(self.composer.toPlainText().strip()))
         self.stop_button.clicked.connect(self.stop)
         self.compare_button.clicked.connect(self.compare)
@@ -484,8 +484,12 @@ class MainWindow(QMainWindow):
         self._start(request)
         self.refresh_chat_list()
 
+    def _read_ahead_soon(self) -> None:
+        if not self._read_ahead_timer.isActive():  # restarted on every key, it would wait for a pause
+            self._read_ahead_timer.start()
+
     def read_ahead(self) -> None:
-        """Has the target read the message typed so far, as sending it would give it."""
+        """Lets the models read the message typed so far, as sending it would give it to them."""
         text = self.composer.toPlainText().strip()
         if not text or not self.read_ahead_action.isChecked() or self.engine is None or self.session.busy:
             return
