@@ -2,6 +2,7 @@
 
 import pytest
 from PySide6.QtCore import QSettings, Qt
+from PySide6.QtWidgets import QMessageBox
 
 from app.chat.store import ChatStore
 from app.engine.steps import FinishReason
@@ -31,11 +32,11 @@ def make_window(qtbot, tmp_path, tiny_models):
             raise ModelError(f"GGUF file not found: {source}")
         return tiny_models[source]
 
-    def make(**settings):
+    def make(saved_caches=None, **settings):
         config = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
         for key, value in {"max_new_tokens": 24, "extra_models": ["other-draft"], **settings}.items():
             config.setValue(key, value)
-        window = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), config, load=load)
+        window = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), config, load=load, saved_caches=saved_caches)
         qtbot.addWidget(window)
         window.show()
         # (A waitSignal blocker entered and never exited stayed connected after it was collected,
@@ -249,6 +250,24 @@ def test_saved_chat_reloads_with_colours_after_restart(qtbot, make_window):
     assert [(t.text, t.source) for t in reloaded.tokens] == [(t.text, t.source) for t in answer.tokens]
     colours = {colour for _, colour in token_fragments(again)}
     assert {LIGHT.accepted.lower(), LIGHT.corrected.lower()} & colours
+
+
+def test_a_chat_reopened_after_a_restart_is_not_read_again(qtbot, make_window, tmp_path, monkeypatch):
+    """Closing the window saves the models' caches; the next run's follow-up in the reopened chat
+    finds the conversation cached. Deleting the chat deletes the copies."""
+    saved = tmp_path / "saved-caches"
+    window = make_window(saved_caches=saved)
+    send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
+    chat_id = window.conversation.id
+    window.close()
+    assert list(saved.rglob("*.pt"))
+    again = make_window(saved_caches=saved)
+    again.open_chat(chat_id)
+    follow_up = send_and_wait(qtbot, again, "t7 t8")
+    assert follow_up.stats.cached_prompt_tokens >= 64
+    monkeypatch.setattr(QMessageBox, "question", lambda *args: QMessageBox.Yes)
+    again.delete_chat()
+    assert not list(saved.rglob("*.pt"))
 
 
 def test_compare_reports_identical_greedy_texts(qtbot, make_window):

@@ -24,6 +24,7 @@ class CachedModel:
         # Logits beyond the shared vocabulary (embedding padding) are never real tokens.
         self.vocab_width = vocab_width
         self.prefixes = PrefixStore()
+        self.saved = None  # its copies on disk (saved_prefixes.SavedPrefixes), where the app keeps them
         # On the CPU a verified token's attention is computed as decoding it alone computes it
         # (exact_attention): with the low-bit kernel's batch-invariant linears, greedy speculative
         # output then equals plain output. A GPU keeps one call for all rows (its matrix products

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 
 import torch
 
@@ -17,10 +18,13 @@ from .cached_model import cached, pass_seconds
 from .draft_vocabulary import COMMON_TOKENS, DraftVocabulary
 from .errors import EngineBusyError
 from .loop import Limits, read_ahead_into, speculative_generate
+from .lowbit import kernel
 from .models import LoadedModel, check_compatible, shared_vocab_width
 from .policy import CostAwareK, CostModel, FixedK
+from .prefix_cache import MIN_TOKENS, common_prefix
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
 from .sampling import SamplingParams
+from .saved_prefixes import SavedPrefixes, model_fingerprint
 from .steps import FinishReason, Step
 
 ANSWERED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT)
@@ -120,6 +124,49 @@ class SpeculativeEngine:
             model.reset()
             model.prefixes.clear()
 
+    def keep_saved_caches(self, folder: Path) -> None:
+        """Offer each model the copies of its cache that an earlier run saved under `folder`
+        (requests and read-aheads take them back as they take kept copies from memory), and save
+        there with save_caches(); see saved_prefixes.py."""
+        stores: dict[str, SavedPrefixes] = {}  # one per folder: a draft may be the target itself
+        for loaded, model in self._loaded_and_cached():
+            if model.reuses_prefix:
+                arithmetic = (f"{model.cache_dtype}, kernel {kernel.build_id()}" if hasattr(model, "cache_dtype")
+                              else "transformers")
+                fingerprint = model_fingerprint(loaded.model, loaded.precision, arithmetic, str(model.device))
+                model.saved = stores.setdefault(fingerprint, SavedPrefixes(folder / fingerprint))
+
+    def save_caches(self, wait_seconds: float = 5.0) -> bool:
+        """Write each model's cache and its kept copies (the most recent first) where
+        keep_saved_caches() said; False when a request still ran after wait_seconds."""
+        if not self._busy.acquire(timeout=wait_seconds):
+            return False
+        try:
+            for model in self._cached_models():
+                if model.saved is not None:
+                    live = [model.snapshot(model.saved.max_tokens)] if model.length >= MIN_TOKENS else []
+                    model.saved.save(live + model.prefixes.snapshots[::-1])
+            return True
+        finally:
+            self._busy.release()
+
+    def forget_conversation(self, token_ids: list[int], wait_seconds: float = 5.0) -> bool:
+        """Let go of every copy of a conversation (a deleted chat's) that the models hold, keep
+        in memory or saved on disk: whatever shares at least MIN_TOKENS tokens with token_ids.
+        False when a request still ran after wait_seconds."""
+        if not self._busy.acquire(timeout=wait_seconds):
+            return False
+        try:
+            for model in self._cached_models():
+                if common_prefix(model.ids, token_ids) >= MIN_TOKENS:
+                    model.reset()
+                model.prefixes.forget(token_ids)
+                if model.saved is not None:
+                    model.saved.forget(token_ids)
+            return True
+        finally:
+            self._busy.release()
+
     @property
     def kv_cache(self) -> torch.dtype | None:
         """What the target's KV cache holds keys and values in, where the lean decoder keeps it
@@ -132,6 +179,10 @@ class SpeculativeEngine:
 
     def _cached_models(self) -> list:
         return [model for model in (self._target, self._draft) if model is not None]
+
+    def _loaded_and_cached(self) -> list[tuple[LoadedModel, object]]:
+        return [(loaded, model) for loaded, model in ((self.target, self._target), (self.draft, self._draft))
+                if model is not None]
 
     def calibrate(self) -> None:
         """Time target passes over 1..17 tokens, a draft token and the draft's catch-up on 64

@@ -71,6 +71,7 @@ class LeanDecoder:
         self._stack_caches: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
         self._rotary: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None  # by layer kind
         self.prefixes = PrefixStore()
+        self.saved = None  # its copies on disk (saved_prefixes.SavedPrefixes), where the app keeps them
         self.reset()
 
     def reset(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from ..options import LoadOptions
 from .calibration import calibrate_remembered
@@ -19,8 +20,10 @@ Report = Callable[[str, float | None], None]
 
 
 class ModelCache:
-    def __init__(self, load=load_model) -> None:
+    def __init__(self, load=load_model, saved_caches: Path | None = None) -> None:
+        """saved_caches: where the engines keep copies of their caches between runs (none: not kept)."""
         self.load = load
+        self.saved_caches = saved_caches
         self.device, self.dtype, self.device_text = pick_device()
         self.models: dict[tuple[str, Precision], LoadedModel] = {}  # (source, precision) -> model
         self._lock = threading.Lock()
@@ -52,4 +55,6 @@ class ModelCache:
                                        chosen.kv_cache_dtype)
             report("Measuring draft and verification costs", None)
             calibrate_remembered(engine)
+            if self.saved_caches is not None:
+                engine.keep_saved_caches(self.saved_caches)
             return engine if self.is_current(ticket) else None

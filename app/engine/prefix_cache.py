@@ -59,6 +59,10 @@ class PrefixStore:
         while self.snapshots and (self.tokens > self.max_tokens or self.available() < RESERVE_BYTES):
             del self.snapshots[0]
 
+    def forget(self, token_ids: list[int]) -> None:
+        """Let every copy go that shares at least MIN_TOKENS tokens with token_ids (a deleted chat's)."""
+        self.snapshots = [s for s in self.snapshots if common_prefix(s.ids, token_ids) < MIN_TOKENS]
+
     def take(self, token_ids: list[int], cached: int) -> Snapshot | None:
         """The copy sharing the longest beginning with token_ids, out of the store, when it
         shares at least MIN_TOKENS more than the `cached` tokens the live cache shares."""
@@ -85,6 +89,8 @@ def keep_prefix(model, token_ids: list[int]) -> int:
     if model.length - kept >= MIN_TOKENS:
         model.prefixes.keep(model.snapshot(model.prefixes.max_tokens))
     earlier = model.prefixes.take(token_ids, kept)
+    if earlier is None and model.saved is not None:  # a copy an earlier run of the app saved
+        earlier = model.saved.take(token_ids, kept)
     if earlier is not None:
         model.restore(earlier)
         kept = common_prefix(model.ids, token_ids)

@@ -53,6 +53,7 @@ def run_gui() -> int:
     import qasync
 
     from ..chat.store import ChatStore
+    from ..engine.cache import cache_root
     from .main_window import MainWindow
 
     app = _application()
@@ -60,7 +61,7 @@ def run_gui() -> int:
     asyncio.set_event_loop(loop)
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
-    window = MainWindow(ChatStore())
+    window = MainWindow(ChatStore(), saved_caches=cache_root() / "saved-caches")
     close_on_signals(window)
     window.show()
     with loop:

@@ -51,11 +51,14 @@ class MainWindow(QMainWindow):
     models_ready = Signal()
     answer_finished = Signal()
 
-    def __init__(self, store: ChatStore, settings: QSettings | None = None, load=load_model) -> None:
+    def __init__(self, store: ChatStore, settings: QSettings | None = None, load=load_model,
+                 saved_caches: Path | None = None) -> None:
+        """saved_caches: where the models' caches are kept between runs, so that a chat reopened
+        after a restart is not read again (none: not kept)."""
         super().__init__()
         self.store = store
         self.settings = settings or QSettings("SpecChat", "SpecChat")
-        self.models = ModelCache(load)
+        self.models = ModelCache(load, saved_caches)
         self.session = ChatSession(store)
         self.engine: SpeculativeEngine | None = None
         self.editing: int | None = None  # index of the user message being edited in the composer
@@ -296,6 +299,8 @@ class MainWindow(QMainWindow):
         chosen = self.controls.load_options()
         ticket = self.models.request()  # any load still running is now stale
         self.worker.stop_reading_ahead()  # for models about to go
+        if self.engine is not None and not self.session.busy:
+            self.engine.save_caches()  # the next run of these models takes up where they were
         self.engine = None
         self.set_busy(self.session.busy)
         self.statusBar().showMessage(f"Loading models: {chosen.target} + {chosen.draft}...")
@@ -424,6 +429,9 @@ class MainWindow(QMainWindow):
             return
         if QMessageBox.question(self, "Delete chat", f"Delete '{self.conversation.title}'?") != QMessageBox.Yes:
             return
+        if self.engine is not None:  # the models' copies of it go too, in memory and on disk
+            self.worker.stop_reading_ahead(wait_seconds=10)
+            self.engine.forget_conversation(self.session.prompt_ids_for("", self.engine))
         self._save(lambda: self.store.delete_chat(self.conversation.id))
         self.new_chat()
 
@@ -704,5 +712,7 @@ class MainWindow(QMainWindow):
             self.worker.stop()
             self.worker.wait(30)
         self.session.interrupt()
+        if self.engine is not None:
+            self.engine.save_caches()  # a chat reopened in the next run is not read again
         self.save_settings()
         super().closeEvent(event)

@@ -1,0 +1,127 @@
+"""Copies of the models' caches saved on disk when the app closes: the next run's follow-up in a
+reopened chat reads only what it adds, and answers as a fresh read of the whole prompt does."""
+import pytest
+import torch
+
+from app.engine.engine import SpeculativeEngine
+from app.engine.prefix_cache import MIN_TOKENS, Snapshot
+from app.engine.saved_prefixes import BLOCK, SavedPrefixes, prefix_digests
+from tests.helpers import all_steps
+from tests.tiny import tiny_model, wide_low_bit
+
+CHAT = [(7 * i) % 90 + 1 for i in range(2 * BLOCK + 20)]  # a chat of two whole blocks and some
+
+
+def pair(kind: str) -> SpeculativeEngine:
+    """A freshly loaded pair, as a new run of the app loads it (the same weights each time)."""
+    if kind == "low-bit":
+        return SpeculativeEngine(wide_low_bit(5, 8), wide_low_bit(5, 4))
+    return SpeculativeEngine(tiny_model(seed=1), tiny_model(seed=1, init_range=0.21))
+
+
+def answered(engine: SpeculativeEngine, prompt: list[int]) -> tuple[list[int], int]:
+    """The answer's ids and how many prompt tokens the target found in its cache."""
+    steps = all_steps(engine, prompt, k=4, max_new_tokens=24)
+    return [token.id for step in steps for token in step.tokens], steps[-1].stats.cached_prompt_tokens
+
+
+def saved_run(kind: str, folder) -> tuple[list[int], SpeculativeEngine]:
+    """A run of the app that answers CHAT, then closes: its caches saved in `folder`."""
+    engine = pair(kind)
+    engine.keep_saved_caches(folder)
+    answer, _ = answered(engine, CHAT)
+    assert engine.save_caches()
+    return CHAT + answer + [7, 8, 9], engine
+
+
+@pytest.mark.parametrize("kind", ["low-bit", "float"])
+def test_a_chat_saved_at_exit_is_not_read_again_after_a_restart(kind, tmp_path):
+    follow_up, _ = saved_run(kind, tmp_path)
+    restarted = pair(kind)
+    restarted.keep_saved_caches(tmp_path)
+    ids, cached = answered(restarted, follow_up)
+    held = len(CHAT) + 24 - 1  # the chat and its answer but the answer's last token
+    assert cached == held // BLOCK * BLOCK  # whole blocks are matched: the rest is read again
+    assert restarted._draft.length >= cached  # the draft got its copy back too
+    assert ids == answered(pair(kind), follow_up)[0]  # the answer a fresh read gives
+
+
+def test_a_copy_is_offered_only_to_the_model_that_made_it(tmp_path):
+    follow_up, _ = saved_run("low-bit", tmp_path)
+    other = SpeculativeEngine(wide_low_bit(6, 8), wide_low_bit(6, 4))  # same shapes, other weights
+    other.keep_saved_caches(tmp_path)
+    assert answered(other, follow_up)[1] == 0
+    coarser = SpeculativeEngine(wide_low_bit(5, 6), wide_low_bit(5, 6))  # the same model in 6 bits
+    coarser.keep_saved_caches(tmp_path)
+    assert answered(coarser, follow_up)[1] == 0
+
+
+def test_a_damaged_copy_is_read_afresh_and_dropped(tmp_path):
+    follow_up, _ = saved_run("low-bit", tmp_path)
+    for path in tmp_path.rglob("*.pt"):
+        path.write_bytes(b"not a cache")
+    restarted = pair("low-bit")
+    restarted.keep_saved_caches(tmp_path)
+    ids, cached = answered(restarted, follow_up)
+    assert cached == 0 and ids == answered(pair("low-bit"), follow_up)[0]
+    assert not list(tmp_path.rglob("*.pt"))
+    assert all(not store.entries for store in (restarted._target.saved, restarted._draft.saved))
+
+
+def test_a_deleted_chat_leaves_no_copy_in_memory_or_on_disk(tmp_path):
+    follow_up, engine = saved_run("low-bit", tmp_path)
+    answered(engine, list(range(40, 60)))  # another chat: the first one's caches kept aside in memory
+    assert engine._target.prefixes.snapshots
+    assert engine.forget_conversation(follow_up)
+    assert not engine._target.prefixes.snapshots and not engine._draft.prefixes.snapshots
+    assert not list(tmp_path.rglob("*.pt"))
+    assert answered(engine, follow_up)[1] == 0
+    restarted = pair("low-bit")
+    restarted.keep_saved_caches(tmp_path)
+    assert answered(restarted, follow_up)[1] == 0
+
+
+def test_saved_copies_hold_no_token_ids(tmp_path):
+    saved_run("low-bit", tmp_path)
+    text = " ".join(path.read_text() for path in tmp_path.rglob("index.json"))
+    assert text and str(CHAT[:6])[1:-1] not in text.replace("[", " ").replace("]", " ")
+
+
+def copy(tokens: int, first: int) -> Snapshot:
+    ids = [first] + [(3 * i) % 50 + 1 for i in range(tokens - 1)]
+    return Snapshot(ids, [torch.full((tokens,), float(first))])
+
+
+def test_the_most_recent_copies_are_kept_within_the_limit(tmp_path):
+    store = SavedPrefixes(tmp_path, max_tokens=3 * BLOCK - 1)
+    store.save([copy(BLOCK, 1)])
+    store.save([copy(BLOCK + 5, 2), copy(BLOCK, 3)])  # the most recent first
+    assert {e.tokens for e in store.entries.values()} == {BLOCK + 5, BLOCK}
+    reopened = SavedPrefixes(tmp_path)  # the next run finds the same
+    assert {name: e.tokens for name, e in reopened.entries.items()} == {
+        name: e.tokens for name, e in store.entries.items()}
+    taken = reopened.take(copy(BLOCK + 5, 2).ids + [9, 9], cached=0)
+    assert taken.ids[:BLOCK] == copy(BLOCK, 2).ids and taken.ids[BLOCK:] == [-1] * 5
+    assert torch.equal(taken.state[0], torch.full((BLOCK + 5,), 2.0))
+    assert reopened.take(copy(BLOCK, 4).ids, cached=0) is None  # nothing shares a block with it
+    assert reopened.take(copy(BLOCK, 2).ids + [9], cached=1) is None  # no MIN_TOKENS more than the live cache
+    (tmp_path / "lost.pt").write_bytes(b"another run's copy, not in the index")
+    longer = copy(2 * BLOCK, 2)  # begins as copy 2: it replaces it
+    store.save([longer])
+    assert {e.tokens for e in store.entries.values()} == {2 * BLOCK}  # copy 3 was the oldest: over the limit
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+
+
+def test_a_full_disk_loses_nothing_but_the_copy(tmp_path, monkeypatch):
+    store = SavedPrefixes(tmp_path)
+    monkeypatch.setattr(torch, "save", lambda *args: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    store.save([copy(BLOCK, 1)])
+    assert not store.entries and not list(tmp_path.glob("*.pt*"))
+
+
+def test_prefix_digests_cover_whole_blocks_only():
+    ids = list(range(2 * BLOCK + 3))
+    digests = prefix_digests(ids)
+    assert len(digests) == 2 and digests[0] == prefix_digests(ids[:BLOCK])[0]
+    assert prefix_digests(ids[:BLOCK] + [0] * BLOCK)[1] != digests[1]
+    assert MIN_TOKENS <= BLOCK  # a saved copy is always worth taking
