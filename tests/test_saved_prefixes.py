@@ -3,10 +3,11 @@ reopened chat reads only what it adds, and answers as a fresh read of the whole 
 import pytest
 import torch
 
+from app.bench.speed import ours, restarted_first_token
 from app.engine.engine import SpeculativeEngine
 from app.engine.prefix_cache import MIN_TOKENS, Snapshot
 from app.engine.saved_prefixes import BLOCK, SavedPrefixes, prefix_digests
-from tests.helpers import all_steps
+from tests.helpers import all_steps, options
 from tests.tiny import tiny_model, wide_low_bit
 
 CHAT = [(7 * i) % 90 + 1 for i in range(2 * BLOCK + 20)]  # a chat of two whole blocks and some
@@ -44,6 +45,16 @@ def test_a_chat_saved_at_exit_is_not_read_again_after_a_restart(kind, tmp_path):
     assert cached == held // BLOCK * BLOCK  # whole blocks are matched: the rest is read again
     assert restarted._draft.length >= cached  # the draft got its copy back too
     assert ids == answered(pair(kind), follow_up)[0]  # the answer a fresh read gives
+
+
+def test_bench_speed_times_a_chat_reopened_after_a_restart():
+    """bench speed's restart: the caches its last run left, saved and restored into an emptied
+    engine, serve the same articles with another question; afterwards nothing is saved any more."""
+    engine = pair("low-bit")
+    ours(engine, options(k=4))(CHAT, 16)
+    record = restarted_first_token(engine, options(k=4), CHAT[:-5] + [90, 91, 92])
+    assert record["restored_tokens"] == (len(CHAT) - 5) // BLOCK * BLOCK
+    assert engine._target.saved is None and engine._draft.saved is None  # no later run restores anything
 
 
 def test_a_copy_is_offered_only_to_the_model_that_made_it(tmp_path):

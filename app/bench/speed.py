@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -187,14 +188,34 @@ def follow_up_first_token(engine: SpeculativeEngine, options: GenerationOptions,
 
 LONG_PROMPT_TOKENS = 2000  # about three news articles: a document pasted in to summarise
 LONG_PROMPT_QUESTION = "Summarize the articles above in a few sentences."
+RESTART_QUESTION = "Which of the articles above is the longest?"  # the same articles, after a restart
 
 
-def long_prompt(tokenizer, data_dir: Path, tokens: int = LONG_PROMPT_TOKENS) -> list[int]:
-    """The chat prompt of whole CNN/DailyMail articles, as many as reach `tokens`, then a request to summarise."""
+def long_prompt(tokenizer, data_dir: Path, tokens: int = LONG_PROMPT_TOKENS, question: str = LONG_PROMPT_QUESTION) -> list[int]:
+    """The chat prompt of whole CNN/DailyMail articles, as many as reach `tokens`, then `question`."""
     articles, text = iter(read_jsonl(data_dir / "cnndm_test80.jsonl")), ""
     while len(tokenizer(text).input_ids) < tokens:
         text += next(articles)["article"] + "\n\n"
-    return chat_prompt_ids(tokenizer, [{"role": "user", "content": text + LONG_PROMPT_QUESTION}])
+    return chat_prompt_ids(tokenizer, [{"role": "user", "content": text + question}])
+
+
+def restarted_first_token(engine: SpeculativeEngine, options: GenerationOptions, prompt: list[int]) -> dict:
+    """What the window's saved caches give a chat reopened after a restart: the models' caches
+    (what the last run left) saved to a fresh folder as the window saves them at exit, the engine
+    emptied as a new run starts, then the first token of `prompt` (the same articles with another
+    question); and the same read afresh."""
+    with tempfile.TemporaryDirectory() as folder:
+        engine.keep_saved_caches(Path(folder))
+        try:
+            engine.save_caches()
+            engine.forget()
+            seconds, restored = first_step_seconds(engine, prompt, options)
+        finally:
+            engine.keep_saved_caches(None)
+    engine.forget()
+    afresh, _ = first_step_seconds(engine, prompt, options)
+    return {"prompt_tokens": len(prompt), "ours_restarted_seconds": round(seconds, 3), "restored_tokens": restored,
+            "ours_afresh_seconds": round(afresh, 3)}
 
 
 def long_prompt_runs(runs: dict[str, Run], prompt: list[int], max_new_tokens: int) -> dict:
@@ -295,6 +316,8 @@ def run_speed(args: argparse.Namespace) -> dict:
     long_runs["speculative_read_ahead"] = ours(engine, replace(options, speculative=True), read_ahead=True)
     print(f"long prompt ({LONG_PROMPT_TOKENS}+ tokens of articles to summarise): {', '.join(long_runs)}", flush=True)
     long = long_prompt_runs(long_runs, long_prompt(target.tokenizer, DEFAULT_DATA_DIR), args.max_new_tokens)
+    restarted = restarted_first_token(engine, replace(options, speculative=True),
+                                      long_prompt(target.tokenizer, DEFAULT_DATA_DIR, question=RESTART_QUESTION))
     agreement = {name: sum(r["modes"][name]["same_as_plain"] for r in per_prompt) for name in modes}
     identical = agreement["speculative"] == len(prompts) and long["identical"]
 
@@ -316,6 +339,7 @@ def run_speed(args: argparse.Namespace) -> dict:
                    "process_rss_in_use_bytes": rss_in_use},
         "follow_up": _follow_up_summary([r["follow_up"] for r in per_prompt if "follow_up" in r]),
         "long_prompt": long,
+        "restarted": restarted,
         "verify_cost_ms": curve,
         "draft_cost_ms": draft_curve,
         # what the cost-aware policy believed at the end: the costs it chose k by
@@ -398,6 +422,10 @@ def format_table(result: dict) -> str:
                      "after it: " + "; ".join(f"{name} {long[name]['first_token_seconds']:.1f} / "
                                               f"{long[name]['tokens_per_s_after_first']}"
                                               for name in long if isinstance(long[name], dict)))
+    if restarted := result.get("restarted"):
+        lines.append(f"after a restart, the same articles with another question ({restarted['prompt_tokens']} tokens): "
+                     f"first token ours {restarted['ours_restarted_seconds']:.2f} s ({restarted['restored_tokens']} "
+                     f"tokens restored from the caches saved at exit; afresh {restarted['ours_afresh_seconds']:.2f} s)")
     lines.append(f"verify cost, ms per target pass over n tokens: {result['verify_cost_ms']}; "
                  f"draft: {result['draft_cost_ms']}")
     lines.append(f"memory: target {memory['target_bytes'] / 2**30:.2f} GiB ({result['config']['precision']}), "

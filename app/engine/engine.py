@@ -124,13 +124,14 @@ class SpeculativeEngine:
             model.reset()
             model.prefixes.clear()
 
-    def keep_saved_caches(self, folder: Path) -> None:
+    def keep_saved_caches(self, folder: Path | None) -> None:
         """Offer each model the copies of its cache that an earlier run saved under `folder`
         (requests and read-aheads take them back as they take kept copies from memory), and save
-        there with save_caches(); see saved_prefixes.py."""
+        there with save_caches(); see saved_prefixes.py. None: no more."""
         stores: dict[str, SavedPrefixes] = {}  # one per folder: a draft may be the target itself
         for loaded, model in self._loaded_and_cached():
-            if model.reuses_prefix:
+            model.saved = None
+            if model.reuses_prefix and folder is not None:
                 arithmetic = (f"{model.cache_dtype}, kernel {kernel.build_id()}" if hasattr(model, "cache_dtype")
                               else "transformers")
                 fingerprint = model_fingerprint(loaded.model, loaded.precision, arithmetic, str(model.device))
