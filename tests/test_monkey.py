@@ -15,10 +15,10 @@ ACTIONS = 300
 
 
 @pytest.mark.parametrize("seed", [4, 7])
-def test_monkey_random_actions_lose_nothing(qtbot, make_window, monkeypatch, seed):
+def test_monkey_random_actions_lose_nothing(qtbot, make_window, monkeypatch, tmp_path, seed):
     monkeypatch.setattr(QMessageBox, "question", lambda *args, **kwargs: QMessageBox.Yes)
     rng = random.Random(seed)
-    window = make_window(max_new_tokens=16)
+    window = make_window(max_new_tokens=16, saved_caches=tmp_path / "saved-caches")  # saved at switches and deletes
     kept: set[str] = set()  # every user message sent and not removed by an edit or a delete
     counter = {"sent": 0, "done": {}}
 

@@ -1,12 +1,14 @@
 """Copies of the models' caches saved on disk when the app closes: the next run's follow-up in a
 reopened chat reads only what it adds, and answers as a fresh read of the whole prompt does."""
+import os
+
 import pytest
 import torch
 
 from app.bench.speed import ours, restarted_first_token
 from app.engine.engine import SpeculativeEngine
 from app.engine.prefix_cache import MIN_TOKENS, Snapshot
-from app.engine.saved_prefixes import BLOCK, SavedPrefixes, prefix_digests
+from app.engine.saved_prefixes import BLOCK, SavedPrefixes, prefix_digests, trim
 from tests.helpers import all_steps, options
 from tests.tiny import tiny_model, wide_low_bit
 
@@ -90,6 +92,27 @@ def test_a_deleted_chat_leaves_no_copy_in_memory_or_on_disk(tmp_path):
     restarted = pair("low-bit")
     restarted.keep_saved_caches(tmp_path)
     assert answered(restarted, follow_up)[1] == 0
+
+
+def test_a_deleted_chat_leaves_no_copy_of_models_used_before(tmp_path):
+    """Copies another pair saved in an earlier run (the same tokenizer: the same token ids) go too."""
+    follow_up, _ = saved_run("low-bit", tmp_path)
+    now = SpeculativeEngine(wide_low_bit(6, 8), wide_low_bit(6, 4))
+    now.keep_saved_caches(tmp_path)
+    assert now.forget_conversation(follow_up)
+    assert not list(tmp_path.rglob("*.pt"))
+
+
+def test_all_models_copies_are_kept_within_one_limit(tmp_path):
+    for model, name, used in [("a", "old", 1002), ("b", "older", 1001), ("a", "new", 1003)]:
+        (tmp_path / model).mkdir(exist_ok=True)
+        path = tmp_path / model / f"{name}.pt"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (used, used))
+    trim(tmp_path, max_bytes=200)
+    assert sorted(p.name for p in tmp_path.rglob("*.pt")) == ["new.pt", "old.pt"]
+    trim(tmp_path, max_bytes=150)
+    assert [p.name for p in tmp_path.rglob("*.pt")] == ["new.pt"]
 
 
 def test_saved_copies_hold_no_token_ids(tmp_path):

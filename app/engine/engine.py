@@ -24,7 +24,7 @@ from .policy import CostAwareK, CostModel, FixedK
 from .prefix_cache import MIN_TOKENS, common_prefix
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
 from .sampling import SamplingParams
-from .saved_prefixes import SavedPrefixes, model_fingerprint
+from .saved_prefixes import SavedPrefixes, model_fingerprint, stores_under, trim
 from .steps import FinishReason, Step
 
 ANSWERED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT)
@@ -75,6 +75,7 @@ class SpeculativeEngine:
         self._draft = cached(draft.model, width, kv_cache) if draft is not None else None
         self.draft_vocabulary = DraftVocabulary.for_draft(self._draft, width, draft_vocabulary) if draft is not None else None
         self.costs = CostModel()  # what a draft token and a verification cost here, across requests
+        self._saved_root: Path | None = None  # where the models' caches are saved between runs
         self._busy = threading.Lock()
 
     def generate(
@@ -128,6 +129,7 @@ class SpeculativeEngine:
         """Offer each model the copies of its cache that an earlier run saved under `folder`
         (requests and read-aheads take them back as they take kept copies from memory), and save
         there with save_caches(); see saved_prefixes.py. None: no more."""
+        self._saved_root = folder
         stores: dict[str, SavedPrefixes] = {}  # one per folder: a draft may be the target itself
         for loaded, model in self._loaded_and_cached():
             model.saved = None
@@ -147,14 +149,17 @@ class SpeculativeEngine:
                 if model.saved is not None:
                     live = [model.snapshot(model.saved.max_tokens)] if model.length >= MIN_TOKENS else []
                     model.saved.save(live + model.prefixes.snapshots[::-1])
+            if self._saved_root is not None:
+                trim(self._saved_root)
             return True
         finally:
             self._busy.release()
 
     def forget_conversation(self, token_ids: list[int], wait_seconds: float = 5.0) -> bool:
         """Let go of every copy of a conversation (a deleted chat's) that the models hold, keep
-        in memory or saved on disk: whatever shares at least MIN_TOKENS tokens with token_ids.
-        False when a request still ran after wait_seconds."""
+        in memory or saved on disk (also those of other models, saved in earlier runs, that read
+        the same token ids): whatever shares at least MIN_TOKENS tokens with token_ids. False when
+        a request still ran after wait_seconds."""
         if not self._busy.acquire(timeout=wait_seconds):
             return False
         try:
@@ -162,8 +167,10 @@ class SpeculativeEngine:
                 if common_prefix(model.ids, token_ids) >= MIN_TOKENS:
                     model.reset()
                 model.prefixes.forget(token_ids)
-                if model.saved is not None:
-                    model.saved.forget(token_ids)
+            if self._saved_root is not None:
+                open_stores = [model.saved for model in self._cached_models() if model.saved is not None]
+                for store in stores_under(self._saved_root, open_stores):
+                    store.forget(token_ids)
             return True
         finally:
             self._busy.release()

@@ -9,8 +9,8 @@ conversation left (on the low-bit path, the ones a fresh read computes, bit for 
 answer is the one a fresh read gives.
 
 Each model has its own folder, named by a fingerprint of its weights, precision, cache type,
-kernel build and device, so a copy is never offered to another model. It keeps up to MAX_TOKENS tokens,
-the copies most recently saved or used first. No token ids are stored: a copy is found by
+kernel build and device, so a copy is never offered to another model. It keeps up to MAX_TOKENS
+tokens, the copies most recently saved or used first, and all folders together up to MAX_BYTES. No token ids are stored: a copy is found by
 digests of its prefixes at every BLOCK tokens, so the folder holds no conversation text, and a
 deleted chat's copies are deleted with it (forget). A copy that cannot be written or read only
 means that its conversation is read again.
@@ -30,6 +30,7 @@ from .prefix_cache import MIN_TOKENS, Snapshot
 
 BLOCK = 64  # copies are matched a block at a time: at most BLOCK - 1 of their tokens are read again
 MAX_TOKENS = 8192  # per model: 235 MB for the default target, 100 MB for its draft
+MAX_BYTES = 1 << 30  # all models' copies together (models used before keep theirs): the least recently used go
 INDEX = "index.json"
 UNKNOWN = -1  # the id of a restored token past the blocks a prompt matched: matches no real token
 
@@ -192,3 +193,27 @@ def _tensors(state) -> list[torch.Tensor]:
         return [state]
     return [t for part in state for t in _tensors(part)]
 
+
+def stores_under(root: Path, open_stores: list[SavedPrefixes]) -> list[SavedPrefixes]:
+    """Every model's store under `root`: the open ones as they are, the others read from disk."""
+    by_folder = {store.folder: store for store in open_stores}
+    folders = sorted(path for path in root.iterdir() if path.is_dir()) if root.is_dir() else []
+    return [by_folder.get(folder) or SavedPrefixes(folder) for folder in folders]
+
+
+def trim(root: Path, max_bytes: int = MAX_BYTES) -> None:
+    """Deletes the least recently saved or used copies under `root`, of any model, while all hold
+    more than max_bytes (an index naming a deleted file drops it when next read)."""
+    files = []
+    for path in root.glob("*/*.pt"):
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        files.append((info.st_mtime, info.st_size, path))
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= max_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
