@@ -137,7 +137,9 @@ class SpeculativeEngine:
                 arithmetic = (f"{model.cache_dtype}, kernel {kernel.build_id()}" if hasattr(model, "cache_dtype")
                               else "transformers")
                 fingerprint = model_fingerprint(loaded.model, loaded.precision, arithmetic, str(model.device))
-                model.saved = stores.setdefault(fingerprint, SavedPrefixes(folder / fingerprint))
+                if fingerprint not in stores:
+                    stores[fingerprint] = SavedPrefixes(folder / fingerprint)
+                model.saved = stores[fingerprint]
 
     def save_caches(self, wait_seconds: float = 5.0) -> bool:
         """Write each model's cache and its kept copies (the most recent first) where

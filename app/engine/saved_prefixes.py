@@ -9,11 +9,11 @@ conversation left (on the low-bit path, the ones a fresh read computes, bit for 
 answer is the one a fresh read gives.
 
 Each model has its own folder, named by a fingerprint of its weights, precision, cache type,
-kernel build and device, so a copy is never offered to another model. It keeps up to MAX_TOKENS
-tokens, the copies most recently saved or used first, and all folders together up to MAX_BYTES. No token ids are stored: a copy is found by
-digests of its prefixes at every BLOCK tokens, so the folder holds no conversation text, and a
-deleted chat's copies are deleted with it (forget). A copy that cannot be written or read only
-means that its conversation is read again.
+kernel build and device, so a copy is never offered to another model. A folder keeps up to
+MAX_TOKENS tokens and all folders together up to MAX_BYTES, the copies most recently saved or used
+first. No token ids are stored: a copy is found by digests of its prefixes at every BLOCK tokens,
+so the folders hold no conversation text, and a deleted chat's copies are deleted with it
+(forget). A copy that cannot be written or read only means that its conversation is read again.
 """
 from __future__ import annotations
 
@@ -135,9 +135,11 @@ class SavedPrefixes:
     def forget(self, token_ids: list[int]) -> None:
         """Deletes every copy that shares a whole block with token_ids (a deleted chat's)."""
         digests = prefix_digests(token_ids)
-        for entry in [e for e in self.entries.values() if matched_blocks(digests, e.digests)]:
+        shared = [e for e in self.entries.values() if matched_blocks(digests, e.digests)]
+        for entry in shared:
             self._drop(entry)
-        self._write_index()
+        if shared:
+            self._write_index()
 
     def _used(self, entry: Entry) -> float:
         try:
@@ -177,6 +179,8 @@ class SavedPrefixes:
 
     def _write_index(self) -> None:
         path = self.folder / INDEX
+        if not self.entries and not path.exists():
+            return  # nothing saved here yet: no folder for it
         partial = path.with_suffix(f".{os.getpid()}.partial")
         data = {"entries": [{"digests": e.digests, "tokens": e.tokens} for e in self.entries.values()]}
         try:
