@@ -159,3 +159,15 @@ def test_prefix_digests_cover_whole_blocks_only():
     assert len(digests) == 2 and digests[0] == prefix_digests(ids[:BLOCK])[0]
     assert prefix_digests(ids[:BLOCK] + [0] * BLOCK)[1] != digests[1]
     assert MIN_TOKENS <= BLOCK  # a saved copy is always worth taking
+
+
+def test_a_read_only_folder_raises_nothing(tmp_path, monkeypatch):
+    store = SavedPrefixes(tmp_path)
+    store.save([copy(BLOCK, 1)])
+    refuse = lambda *args, **kwargs: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+    for name in ("unlink", "replace", "write_text", "mkdir"):
+        monkeypatch.setattr(type(tmp_path), name, refuse)
+    store.save([copy(BLOCK, 2)])
+    store.forget(copy(BLOCK, 1).ids)
+    trim(tmp_path, max_bytes=0)
+    assert store.take(copy(BLOCK, 1).ids, cached=0) is None  # forgotten, though its file stays

@@ -130,7 +130,7 @@ class SavedPrefixes:
         self._write_index()
         for stray in self.folder.glob("*.p*"):  # another run's copies that this index lost, unfinished writes
             if stray.suffix == ".partial" or stray.stem not in self.entries:
-                stray.unlink(missing_ok=True)
+                _remove(stray)
 
     def forget(self, token_ids: list[int]) -> None:
         """Deletes every copy that shares a whole block with token_ids (a deleted chat's)."""
@@ -162,12 +162,12 @@ class SavedPrefixes:
             partial.replace(path)
             return True
         except (OSError, RuntimeError):
-            partial.unlink(missing_ok=True)
+            _remove(partial)
             return False
 
     def _drop(self, entry: Entry) -> None:
         self.entries.pop(entry.name, None)
-        (self.folder / f"{entry.name}.pt").unlink(missing_ok=True)
+        _remove(self.folder / f"{entry.name}.pt")
 
     def _read_index(self) -> dict[str, Entry]:
         try:
@@ -188,7 +188,15 @@ class SavedPrefixes:
             partial.write_text(json.dumps(data), encoding="utf-8")
             partial.replace(path)
         except OSError:
-            partial.unlink(missing_ok=True)
+            _remove(partial)
+
+
+def _remove(path: Path) -> None:
+    """Deletes a file if it can (a read-only folder keeps it: it is only a copy)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _tensors(state) -> list[torch.Tensor]:
@@ -219,5 +227,5 @@ def trim(root: Path, max_bytes: int = MAX_BYTES) -> None:
     for _, size, path in sorted(files):
         if total <= max_bytes:
             break
-        path.unlink(missing_ok=True)
+        _remove(path)
         total -= size
