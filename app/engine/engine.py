@@ -158,7 +158,7 @@ class SpeculativeEngine:
             self._busy.release()
 
     def forget_conversation(self, token_ids: list[int], wait_seconds: float = 5.0) -> bool:
-        """Let go of every copy of a conversation (a deleted chat's) that the models hold, keep
+        """Let go of every copy of a conversation (a deleted chat's) that the models hold, kept
         in memory or saved on disk (also those of other models, saved in earlier runs, that read
         the same token ids): whatever shares at least MIN_TOKENS tokens with token_ids. False when
         a request still ran after wait_seconds."""
