@@ -121,6 +121,36 @@ def test_saved_copies_hold_no_token_ids(tmp_path):
     assert text and str(CHAT[:6])[1:-1] not in text.replace("[", " ").replace("]", " ")
 
 
+def test_a_copy_that_does_not_fit_the_cache_is_read_afresh_and_dropped(tmp_path):
+    """A readable file of the wrong shapes under a copy's name (tampered with, say)."""
+    follow_up, _ = saved_run("low-bit", tmp_path)
+    for path in tmp_path.rglob("*.pt"):
+        torch.save(([torch.zeros(3, 5)], [torch.zeros(2)]), path)
+    restarted = pair("low-bit")
+    restarted.keep_saved_caches(tmp_path)
+    ids, cached = answered(restarted, follow_up)
+    assert cached == 0 and ids == answered(pair("low-bit"), follow_up)[0]
+    assert not list(tmp_path.rglob("*.pt"))
+
+
+class Restored:
+    """Stands in for a cached model's restore and reset: these tests are of the store's books."""
+
+    def __init__(self) -> None:
+        self.snapshot = None
+
+    def restore(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def reset(self) -> None:
+        self.snapshot = None
+
+
+def taken(store: SavedPrefixes, token_ids: list[int], cached: int) -> Snapshot | None:
+    model = Restored()
+    return model.snapshot if store.restore_into(model, token_ids, cached) else None
+
+
 def copy(tokens: int, first: int) -> Snapshot:
     ids = [first] + [(3 * i) % 50 + 1 for i in range(tokens - 1)]
     return Snapshot(ids, [torch.full((tokens,), float(first))])
@@ -134,11 +164,11 @@ def test_the_most_recent_copies_are_kept_within_the_limit(tmp_path):
     reopened = SavedPrefixes(tmp_path)  # the next run finds the same
     assert {name: e.tokens for name, e in reopened.entries.items()} == {
         name: e.tokens for name, e in store.entries.items()}
-    taken = reopened.take(copy(BLOCK + 5, 2).ids + [9, 9], cached=0)
-    assert taken.ids[:BLOCK] == copy(BLOCK, 2).ids and taken.ids[BLOCK:] == [-1] * 5
-    assert torch.equal(taken.state[0], torch.full((BLOCK + 5,), 2.0))
-    assert reopened.take(copy(BLOCK, 4).ids, cached=0) is None  # nothing shares a block with it
-    assert reopened.take(copy(BLOCK, 2).ids + [9], cached=1) is None  # no MIN_TOKENS more than the live cache
+    restored = taken(reopened, copy(BLOCK + 5, 2).ids + [9, 9], cached=0)
+    assert restored.ids[:BLOCK] == copy(BLOCK, 2).ids and restored.ids[BLOCK:] == [-1] * 5
+    assert torch.equal(restored.state[0], torch.full((BLOCK + 5,), 2.0))
+    assert taken(reopened, copy(BLOCK, 4).ids, cached=0) is None  # nothing shares a block with it
+    assert taken(reopened, copy(BLOCK, 2).ids + [9], cached=1) is None  # no MIN_TOKENS more than the live cache
     (tmp_path / "lost.pt").write_bytes(b"another run's copy, not in the index")
     longer = copy(2 * BLOCK, 2)  # begins as copy 2: it replaces it
     store.save([longer])
@@ -170,4 +200,4 @@ def test_a_read_only_folder_raises_nothing(tmp_path, monkeypatch):
     store.save([copy(BLOCK, 2)])
     store.forget(copy(BLOCK, 1).ids)
     trim(tmp_path, max_bytes=0)
-    assert store.take(copy(BLOCK, 1).ids, cached=0) is None  # forgotten, though its file stays
+    assert taken(store, copy(BLOCK, 1).ids, cached=0) is None  # forgotten, though its file stays

@@ -89,10 +89,10 @@ def keep_prefix(model, token_ids: list[int]) -> int:
     if model.length - kept >= MIN_TOKENS:
         model.prefixes.keep(model.snapshot(model.prefixes.max_tokens))
     earlier = model.prefixes.take(token_ids, kept)
-    if earlier is None and model.saved is not None:  # a copy an earlier run of the app saved
-        earlier = model.saved.take(token_ids, kept)
     if earlier is not None:
         model.restore(earlier)
+        kept = common_prefix(model.ids, token_ids)
+    elif model.saved is not None and model.saved.restore_into(model, token_ids, kept):  # an earlier run's copy
         kept = common_prefix(model.ids, token_ids)
     model.rollback(kept)
     return kept

@@ -84,25 +84,29 @@ class SavedPrefixes:
         self.folder, self.max_tokens = folder, max_tokens
         self.entries = self._read_index()
 
-    def take(self, token_ids: list[int], cached: int) -> Snapshot | None:
-        """The copy sharing the most whole blocks with token_ids, when that is at least
-        MIN_TOKENS more than the `cached` tokens; its tokens past those blocks are UNKNOWN (the
-        caller rolls the cache back to what the prompt shares)."""
+    def restore_into(self, model, token_ids: list[int], cached: int) -> bool:
+        """Restores into a cached model the copy sharing the most whole blocks with token_ids,
+        when that is at least MIN_TOKENS more than the `cached` tokens its cache holds; the
+        copy's tokens past those blocks are UNKNOWN (the caller rolls the cache back to what the
+        prompt shares). False when none serves, or when the one that would cannot be read or does
+        not fit the cache: it is dropped, and the cache emptied (a failed restore may have
+        overwritten part of it)."""
         digests = prefix_digests(token_ids)
         best = max(self.entries.values(), key=lambda e: matched_blocks(digests, e.digests), default=None)
         shared = BLOCK * matched_blocks(digests, best.digests) if best else 0
         if shared < cached + MIN_TOKENS:
-            return None
+            return False
         path = self.folder / f"{best.name}.pt"
         try:
             state = torch.load(path, weights_only=True)
             os.utime(path)  # recently used: kept longest
-        except Exception:  # unreadable or damaged: read the conversation again
+            model.restore(Snapshot(token_ids[:shared] + [UNKNOWN] * (best.tokens - shared), state))
+            return True
+        except Exception:  # unreadable, damaged, or not this cache's shape: read the conversation again
+            model.reset()
             self._drop(best)
             self._write_index()
-            return None
-        ids = token_ids[:shared] + [UNKNOWN] * (best.tokens - shared)
-        return Snapshot(ids, state, sum(t.nbytes for t in _tensors(state)))
+            return False
 
     def save(self, snapshots: list[Snapshot]) -> None:
         """Writes the copies (most recent first; none longer than max_tokens) not yet on disk,
@@ -197,13 +201,6 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
     except OSError:
         pass
-
-
-def _tensors(state) -> list[torch.Tensor]:
-    """Every tensor of a cache state (nested lists and tuples of tensors)."""
-    if isinstance(state, torch.Tensor):
-        return [state]
-    return [t for part in state for t in _tensors(part)]
 
 
 def stores_under(root: Path, open_stores: list[SavedPrefixes]) -> list[SavedPrefixes]:
