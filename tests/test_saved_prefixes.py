@@ -128,6 +128,7 @@ def test_a_copy_that_does_not_fit_the_cache_is_read_afresh_and_dropped(tmp_path)
         torch.save(([torch.zeros(3, 5)], [torch.zeros(2)]), path)
     restarted = pair("low-bit")
     restarted.keep_saved_caches(tmp_path)
+    answered(restarted, CHAT[:10] + [5])  # the live cache holds the chat's first 10 tokens
     ids, cached = answered(restarted, follow_up)
     assert cached == 0 and ids == answered(pair("low-bit"), follow_up)[0]
     assert not list(tmp_path.rglob("*.pt"))

@@ -92,7 +92,8 @@ def keep_prefix(model, token_ids: list[int]) -> int:
     if earlier is not None:
         model.restore(earlier)
         kept = common_prefix(model.ids, token_ids)
-    elif model.saved is not None and model.saved.restore_into(model, token_ids, kept):  # an earlier run's copy
-        kept = common_prefix(model.ids, token_ids)
+    elif model.saved is not None:
+        model.saved.restore_into(model, token_ids, kept)  # an earlier run's copy, where one serves
+        kept = common_prefix(model.ids, token_ids)  # (none if a copy that did not fit emptied the cache)
     model.rollback(kept)
     return kept

@@ -100,9 +100,14 @@ class SavedPrefixes:
         try:
             state = torch.load(path, weights_only=True)
             os.utime(path)  # recently used: kept longest
+        except Exception:  # unreadable or damaged: read the conversation again
+            self._drop(best)
+            self._write_index()
+            return False
+        try:
             model.restore(Snapshot(token_ids[:shared] + [UNKNOWN] * (best.tokens - shared), state))
             return True
-        except Exception:  # unreadable, damaged, or not this cache's shape: read the conversation again
+        except Exception:  # not this cache's shapes (a tampered file, say)
             model.reset()
             self._drop(best)
             self._write_index()
