@@ -270,6 +270,15 @@ def test_a_chat_reopened_after_a_restart_is_not_read_again(qtbot, make_window, t
     assert not list(saved.rglob("*.pt"))
 
 
+def test_switching_models_saves_the_caches_of_those_left(qtbot, make_window, tmp_path):
+    saved = tmp_path / "saved-caches"
+    window = make_window(saved_caches=saved)
+    send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
+    with qtbot.waitSignal(window.loader.loaded, timeout=10_000):
+        window.controls.draft.setCurrentIndex(window.controls.draft.findData("other-draft"))
+    assert window.engine is not None and list(saved.rglob("*.pt"))
+
+
 def test_compare_reports_identical_greedy_texts(qtbot, make_window):
     window = make_window(draft="other-draft")
     send_and_wait(qtbot, window)

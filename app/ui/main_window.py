@@ -299,8 +299,8 @@ class MainWindow(QMainWindow):
         chosen = self.controls.load_options()
         ticket = self.models.request()  # any load still running is now stale
         self.worker.stop_reading_ahead()  # for models about to go
-        if self.engine is not None and not self.session.busy:
-            self.engine.save_caches()  # the next run of these models takes up where they were
+        # their caches are saved on the loader's thread (megabytes written), for the next time they run
+        leaving = self.engine if not self.session.busy else None
         self.engine = None
         self.set_busy(self.session.busy)
         self.statusBar().showMessage(f"Loading models: {chosen.target} + {chosen.draft}...")
@@ -311,6 +311,8 @@ class MainWindow(QMainWindow):
             self.progress.setMinimumDuration(800)
 
         def job(report) -> LoadResult:
+            if leaving is not None:
+                leaving.save_caches()  # waits for the read-ahead told to stop above
             try:
                 return LoadResult(ticket, self.models.engine(ticket, chosen, report))
             except IncompatibleModelsError as error:
