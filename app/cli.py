@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .bench.arguments import seed_arguments, speed_arguments, ui_arguments
 from .options import DEFAULTS, add_engine_arguments
 
 
@@ -24,11 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="off: a reasoning model whose chat template can switch thinking off (Qwen3) answers directly")
     bench = commands.add_parser("bench", help="headless benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
-    from .bench import seed, speed, ui
-
-    speed.add_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
-    seed.add_arguments(bench_kinds.add_parser("seed", help="GSM8K, MMLU, CNN/DailyMail: speed and quality"))
-    ui.add_arguments(bench_kinds.add_parser("ui", help="the window's cost per streaming update, at the start and end of a long answer"))
+    speed_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
+    seed_arguments(bench_kinds.add_parser("seed", help="GSM8K, MMLU, CNN/DailyMail: speed and quality"))
+    ui_arguments(bench_kinds.add_parser("ui", help="the window's cost per streaming update, at the start and end of a long answer"))
     return parser
 
 

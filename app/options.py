@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, replace
 
-import torch
+from typing import TYPE_CHECKING
 
-from .engine.draft_vocabulary import COMMON_TOKENS
-from .engine.engine import GenerationOptions, ProposerKind
-from .engine.lean_decoder import CACHE_DTYPES, DEFAULT_CACHE
-from .engine.models import Precision, default_draft_precision
-from .engine.sampling import SamplingParams
+from .engine.choices import (CACHE_TYPES, COMMON_TOKENS, DEFAULT_CACHE, GenerationOptions, Precision, ProposerKind,
+                             SamplingParams, default_draft_precision)
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULTS = GenerationOptions()
 
@@ -28,6 +28,8 @@ class LoadOptions:
 
     @property
     def kv_cache_dtype(self) -> torch.dtype:
+        from .engine.lean_decoder import CACHE_DTYPES  # the engine's import waits for the models' load
+
         return CACHE_DTYPES[self.kv_cache]
 
 
@@ -45,7 +47,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocabulary", type=int, default=LOAD_DEFAULTS.draft_vocabulary,
                         help="a low-bit draft drafts only this many most common tokens and the conversation's "
                              "(0: all; output unchanged)")
-    parser.add_argument("--kv-cache", choices=list(CACHE_DTYPES), default=LOAD_DEFAULTS.kv_cache,
+    parser.add_argument("--kv-cache", choices=CACHE_TYPES, default=LOAD_DEFAULTS.kv_cache,
                         help="the low-bit models' KV cache: float16 (half the memory, as llama.cpp's default) or "
                              "float32 (rounds as the reference; the output of either is exact under speculation)")
     parser.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=DEFAULTS.speculative,

@@ -5,7 +5,7 @@ import torch
 from app.cli import build_parser
 from app.engine import lean_decoder
 from app.engine.engine import GenerationOptions
-from app.engine.models import default_draft_precision
+from app.engine.choices import default_draft_precision
 from app.options import DEFAULTS, LOAD_DEFAULTS, generation_options, load_options
 
 
@@ -26,10 +26,10 @@ def test_defaults_are_the_adaptive_engine_the_readme_measures():
 
 @pytest.mark.parametrize("isa, precision", [("avx512", "3bit"), ("avx2", "4bit"), ("avxvnni", "4bit"), (None, "4bit")])
 def test_the_draft_is_3_bit_only_where_the_kernel_gains_from_it(monkeypatch, isa, precision):
-    from app.engine import models
+    from app.engine import choices
 
-    monkeypatch.setattr(models, "machine_isa", lambda: isa)
-    assert models.default_draft_precision().value == precision
+    monkeypatch.setattr(choices, "machine_isa", lambda: isa)
+    assert choices.default_draft_precision().value == precision
 
 
 def test_terminal_chat_and_benchmarks_parse_to_the_defaults():

@@ -97,6 +97,53 @@ def test_chat_turn_streams_with_provenance_colours(qtbot, make_window):
         assert colour == LIGHT.colour(token.source).lower()
 
 
+def test_the_device_is_named_once_the_models_load(make_window):
+    window = make_window()
+    assert window.controls.device.text().startswith(("CPU", "CUDA"))
+
+
+OPENS_WINDOW = """
+import os, sys, threading
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+class ImportedOnTheUIThread:  # a meta path finder that sees every import before it happens
+    def find_spec(self, name, path=None, target=None):
+        if name in ("torch", "transformers") and threading.current_thread() is threading.main_thread():
+            sys.stderr.write(f"{name} imported on the UI thread\\n")
+            os._exit(3)
+sys.meta_path.insert(0, ImportedOnTheUIThread())
+from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtWidgets import QApplication
+from app.chat.store import ChatStore
+from app.cli import build_parser
+from app.engine.errors import ModelError
+from app.ui.main_window import MainWindow
+build_parser().parse_args([])  # python -m app's command line, as the window starts
+app = QApplication([])
+folder = sys.argv[1]
+def load(*_, **__):
+    raise ModelError("no models in this test")
+window = MainWindow(ChatStore(folder + "/chats.sqlite3"), QSettings(folder + "/settings.ini", QSettings.IniFormat), load=load)
+window.show()
+timer = QTimer(interval=20)
+timer.timeout.connect(lambda: hasattr(window, "last_error") and app.quit())  # the load said what failed
+timer.start()
+app.exec()
+print(window.last_error, "torch" in sys.modules)  # torch was imported, on the loader's thread
+"""
+
+
+def test_the_window_opens_before_torch_is_imported(tmp_path):
+    """torch and transformers take seconds to import (3 s here): the window's modules leave them to
+    the models' load, on its thread, so the window shows at once and the models load behind it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", OPENS_WINDOW, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no models in this test True"
+
+
 def test_corrections_are_coloured_and_explained(qtbot, make_window):
     window = make_window(draft="other-draft", k=3, adaptive=False)  # the policy may rightly decode plainly
     answer = send_and_wait(qtbot, window)

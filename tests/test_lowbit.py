@@ -141,7 +141,7 @@ def test_the_build_follows_the_cpu(monkeypatch):
     """AMD's cores prefetch the weights as non-temporal data; Intel's stall on it (see kernel.cpp's
     kFirstPassLocality), as may others'. A build with other flags is another build (its own folder)."""
     fields = {"vendor_id": "AuthenticAMD"}
-    monkeypatch.setattr(kernel, "_cpu_field", lambda name: fields.get(name, ""))
+    monkeypatch.setattr(kernel, "cpu_field", lambda name: fields.get(name, ""))
     amd = kernel.compile_flags("avx512")
     assert "-DSPECCHAT_PREFETCH_NTA" in amd and "-DSPECCHAT_PREFETCH_NTA" not in kernel.compile_flags("avx2")
     fields["vendor_id"] = "GenuineIntel"

@@ -14,25 +14,8 @@ from tqdm import tqdm
 from ..chat.prompt import chat_prompt_ids
 from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.models import load_model, pick_device
-from ..options import add_engine_arguments, generation_options, load_options
-from .data import DEFAULT_DATA_DIR
+from ..options import generation_options, load_options
 from .tasks import TASKS, Task
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser)
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-    parser.add_argument("--tasks", default="gsm8k,mmlu,cnndm")
-    parser.add_argument("--limit", type=int, default=20, help="items per task")
-    parser.add_argument("--max-new-tokens", type=int, help="answer budget (default per task: 256, 64, 128)")
-    parser.add_argument("--json", type=Path, default=Path("seed.json"), help="results (a .md table and a .png plot beside it)")
-    parser.add_argument("--resume", type=Path, help="JSONL of finished items: reused, and extended as items finish")
-    parser.add_argument("--modes", default="plain,speculative",
-                        help="which decodings to run per item; a reference run needs only one (greedy speculative "
-                             "output equals plain output)")
-    parser.add_argument("--reference", type=Path,
-                        help="another run's --resume JSONL (e.g. --precision fp32): its scores on the same items and "
-                             "how often its greedy answer equals this run's are reported beside this run's")
 
 
 def build_engine(args: argparse.Namespace) -> SpeculativeEngine:

@@ -21,7 +21,7 @@ from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.lowbit.skeleton import as_transformers
 from ..engine.models import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
-from ..options import add_engine_arguments, generation_options, load_options
+from ..options import generation_options, load_options
 from . import llama_peer
 from .data import DEFAULT_DATA_DIR, read_jsonl
 
@@ -78,20 +78,6 @@ class ModeTotals:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR / "gsm8k_test.jsonl",
-                        help="JSONL file with a 'question' field (default: GSM8K test)")
-    parser.add_argument("--limit", type=int, default=3, help="number of prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--hf-k", default="", help="constant draft lengths to try for HF assisted generation, e.g. 3,5")
-    parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face assisted generation")
-    parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp (the optional .[peers] extra)")
-    parser.add_argument("--no-packed-linear", action="store_true",
-                        help="lever off (fp32 only): PyTorch's default fp32 linear instead of pre-packed oneDNN weights")
-    parser.add_argument("--json", type=Path, help="write the results here")
 
 
 def ours(engine: SpeculativeEngine, options: GenerationOptions, read_ahead: bool = False) -> Run:

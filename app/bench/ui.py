@@ -11,7 +11,6 @@ import os
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from ..chat.conversation import AnswerStats, Message, TokenRecord
 
@@ -42,16 +41,6 @@ def history(messages: int) -> list[Message]:
             tokens = [TokenRecord(p, ("accepted", "corrected", "bonus")[j % 3], 0.9) for j, p in enumerate(pieces)]
             out.append(Message("assistant", "".join(pieces), tokens, AnswerStats(mode="speculative", tokens=120)))
     return out
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, default=4000, help="answer length in tokens")
-    parser.add_argument("--messages", type=int, default=50, help="messages already in the chat")
-    parser.add_argument("--tokens-per-update", type=int, default=3,
-                        help="tokens per repaint (the window repaints at most every 40 ms)")
-    parser.add_argument("--full-render", action="store_true",
-                        help="re-render the whole chat on each update (how the window streamed before), to compare")
-    parser.add_argument("--json", type=Path, help="write the figures here")
 
 
 def run_ui(args: argparse.Namespace) -> dict:

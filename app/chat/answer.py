@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from ..engine.steps import FinishReason, Source, Stats, Step
 from .conversation import AnswerStats, Message, TokenRecord
 from .detokenize import IncrementalDecoder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class AnswerBuilder:

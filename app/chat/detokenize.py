@@ -1,8 +1,12 @@
 """Token ids -> text pieces, one per token, for streaming and per-token colouring."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tokenizers.decoders import DecodeStream
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class IncrementalDecoder:

@@ -1,7 +1,10 @@
 """Chat messages -> prompt token ids, through the tokenizer's own chat template."""
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # transformers takes seconds to import; the window opens before it is
+    from transformers import PreTrainedTokenizerBase
 
 
 def switches_thinking(tokenizer: PreTrainedTokenizerBase) -> bool:

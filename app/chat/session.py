@@ -7,14 +7,17 @@ import json
 import time
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from ..engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
-from ..engine.sampling import SamplingParams
+from ..engine.choices import GenerationOptions, ProposerKind, SamplingParams
 from ..engine.steps import FinishReason, Step
 from .answer import AnswerBuilder
 from .conversation import Comparison, Conversation, Message
 from .prompt import chat_prompt_ids
 from .store import ChatStore, StoreError
+
+if TYPE_CHECKING:
+    from ..engine.engine import SpeculativeEngine
 
 SAVE_EVERY_SECONDS = 1.0  # a kill -9 loses at most about this much of a streaming answer
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import torch
 
+from .choices import COMMON_TOKENS
 from .lean_decoder import LeanDecoder
 from .lowbit import kernel
 from .lowbit.modules import LowBitLinear
 from .lowbit.packing import ROWS_MULTIPLE, TILE
 
 BLOCK = ROWS_MULTIPLE  # token ids per unit of the subset
-COMMON_TOKENS = 32768  # the default: a fifth of the default pair's vocabulary
 # The whole vocabulary is drafted once at least WIDEN_OUTSIDE of the answer's tokens, and at least
 # WIDEN_SHARE of them, lay outside the subset when the target emitted them. The default pair's
 # translations reach that within 4-18 tokens (speculation 1.113x against 1.057x plain without

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 import torch
 
 from .cached_model import cached, pass_seconds
-from .draft_vocabulary import COMMON_TOKENS, DraftVocabulary
+from .choices import COMMON_TOKENS, GenerationOptions, ProposerKind
+from .draft_vocabulary import DraftVocabulary
 from .errors import EngineBusyError
 from .loop import Limits, read_ahead_into, speculative_generate
 from .lowbit import kernel
@@ -23,41 +22,10 @@ from .models import LoadedModel, check_compatible, shared_vocab_width
 from .policy import CostAwareK, CostModel, FixedK
 from .prefix_cache import MIN_TOKENS, common_prefix
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
-from .sampling import SamplingParams
 from .saved_prefixes import SavedPrefixes, model_fingerprint, stores_under, trim
 from .steps import FinishReason, Step
 
 ANSWERED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT)
-
-
-class ProposerKind(str, Enum):
-    DRAFT_MODEL = "draft"
-    PROMPT_LOOKUP = "lookup"
-
-
-@dataclass(frozen=True)
-class GenerationOptions:
-    """The one set of generation defaults: the window, the terminal chat and both benchmarks
-    start from `GenerationOptions()` (tests/test_defaults.py checks that they do)."""
-
-    speculative: bool = True
-    proposer: ProposerKind = ProposerKind.DRAFT_MODEL
-    k: int = 8  # the starting length when adaptive
-    adaptive: bool = True
-    sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy
-    seed: int = 0
-    max_new_tokens: int = 512
-    # A draft model's draft takes up to this many tokens from earlier text where its last three
-    # tokens occurred before (0: never); speed only, see DraftModelProposer.
-    lookup: int = 3
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.k <= 64:
-            raise ValueError(f"k must be between 1 and 64, got {self.k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if not 0 <= self.lookup <= 64:
-            raise ValueError(f"lookup must be between 0 and 64, got {self.lookup}")
 
 
 class SpeculativeEngine:

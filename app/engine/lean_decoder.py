@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .choices import CACHE_TYPES, DEFAULT_CACHE
 from .lowbit import kernel, skeleton
 from .lowbit.modules import LowBitEmbedding, LowBitLinear, embedding_scale, fuse_projections
 from .prefix_cache import PrefixStore, Snapshot
@@ -24,8 +25,7 @@ CACHE_STEP = 1024  # tokens the cache grows by once it holds that many
 # llama.cpp's cache does by default: half the memory, and half the bytes attention reads per token
 # (at 2,800 cached tokens about 70 MB per draft token, 40% of its weights' bytes, in float32). The
 # Python loop keeps float32.
-CACHE_DTYPES = {"float16": torch.float16, "float32": torch.float32}
-DEFAULT_CACHE = "float16"
+CACHE_DTYPES = {name: getattr(torch, name) for name in CACHE_TYPES}
 NATIVE_CACHE_DTYPE = CACHE_DTYPES[DEFAULT_CACHE]
 
 

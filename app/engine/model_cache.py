@@ -4,27 +4,34 @@ The window asks for a model pair every time the user changes a picker; loads run
 threads. Loads are serialised by a lock (two threads never mutate the cache together) and each
 request has a ticket: a request superseded by a newer one returns None instead of an engine,
 so an older load that finishes last can never replace the newer choice.
+
+torch and transformers are imported by the first load, on its thread: the window that holds a
+ModelCache opens without waiting for them.
 """
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..options import LoadOptions
-from .calibration import calibrate_remembered
-from .engine import SpeculativeEngine
-from .models import LoadedModel, Precision, load_model, pick_device
+from .choices import Precision
+
+if TYPE_CHECKING:
+    from .engine import SpeculativeEngine
+    from .models import LoadedModel
 
 Report = Callable[[str, float | None], None]
 
 
 class ModelCache:
-    def __init__(self, load=load_model, saved_caches: Path | None = None) -> None:
-        """saved_caches: where the engines keep copies of their caches between runs (none: not kept)."""
+    def __init__(self, load=None, saved_caches: Path | None = None) -> None:
+        """load: models.load_model's signature (its default); saved_caches: where the engines keep
+        copies of their caches between runs (none: not kept)."""
         self.load = load
         self.saved_caches = saved_caches
-        self.device, self.dtype, self.device_text = pick_device()
+        self.device_text: str | None = None  # in words for the UI, once the first load picked the device
         self.models: dict[tuple[str, Precision], LoadedModel] = {}  # (source, precision) -> model
         self._lock = threading.Lock()
         self._ticket = 0
@@ -40,15 +47,20 @@ class ModelCache:
     def engine(self, ticket: int, chosen: LoadOptions, report: Report) -> SpeculativeEngine | None:
         """Loads what `chosen` needs (keeping models already loaded), builds and calibrates the
         engine; None when a newer request arrived meanwhile. Raises ModelError for bad models."""
+        from .calibration import calibrate_remembered
+        from .engine import SpeculativeEngine
+        from .models import load_model, pick_device
+
         keys = [(chosen.target, chosen.precision), (chosen.draft, chosen.draft_precision)]
         with self._lock:
+            device, dtype, self.device_text = pick_device()
             if not self.is_current(ticket):
                 return None
             for key in [key for key in self.models if key not in keys]:
                 del self.models[key]  # free a replaced model before loading the next
             for key in keys:
                 if key not in self.models:
-                    self.models[key] = self.load(key[0], self.device, self.dtype, report, precision=key[1])
+                    self.models[key] = (self.load or load_model)(key[0], device, dtype, report, precision=key[1])
                 if not self.is_current(ticket):
                     return None
             engine = SpeculativeEngine(self.models[keys[0]], self.models[keys[1]], chosen.draft_vocabulary,

@@ -18,7 +18,6 @@ import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,12 +25,14 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from . import default_models
+from .choices import Precision
 from .cache import cache_root
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import IncompatibleModelsError, ModelError
 from .lowbit import store as lowbit_store
+from .lowbit.cpu import machine_isa
+from .lowbit.kernel import KERNEL_NAMES, build_in_background, why_not_native
 from .lowbit.memory import give_back_freed_memory
-from .lowbit.kernel import KERNEL_NAMES, build_in_background, machine_isa, why_not_native
 from .lowbit.modules import quantize_model
 from .tokenizer_cache import folder_tokenizer
 
@@ -39,31 +40,6 @@ if TYPE_CHECKING:  # transformers' modeling code takes seconds to import: only w
     from transformers import PreTrainedModel
 
 Progress = Callable[[str, float | None], None]  # (stage, fraction done or None when unknown)
-
-
-class Precision(str, Enum):
-    LOWBIT = "lowbit"  # the GGUF's own blocks (4-8 bits); float folders: 8 bits
-    BITS4 = "4bit"  # every weight matrix re-quantized to 4 bits
-    BITS3 = "3bit"  # the feed-forward matrices re-quantized to 3 bits, the others to 4
-    FP32 = "fp32"  # dequantized float32: the reference
-    INT8 = "int8"  # float32 with dynamically quantized int8 linears (torch.ao)
-
-    @property
-    def low_bit(self) -> bool:
-        return self is Precision.LOWBIT or self.requantized_bits[0] is not None
-
-    @property
-    def requantized_bits(self) -> tuple[int | None, int | None]:
-        """(bits of every weight matrix, bits of the feed-forward ones) when re-quantized, else None."""
-        return {Precision.BITS4: (4, None), Precision.BITS3: (4, 3)}.get(self, (None, None))
-
-
-def default_draft_precision() -> Precision:
-    """The draft's precision by default: 3-bit feed-forward layers where the AVX-512 kernel runs
-    them (a draft pass 6.9 -> 5.9 ms, speculative decoding 1.04-1.06x), 4 bits elsewhere: with
-    the AVX2 and AVX-VNNI kernels unpacking 3 bits costs more than the bytes it saves (a draft pass
-    6.5 -> 7.8 ms and 6.2 -> 6.8 ms here, speculative decoding 0.97x and 0.86x)."""
-    return Precision.BITS3 if machine_isa() == "avx512" else Precision.BITS4
 
 
 @dataclass

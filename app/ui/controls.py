@@ -7,10 +7,7 @@ from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QLabel, QPushButton,
                                QSpinBox, QTabWidget, QWidget)
 
-from ..engine.engine import GenerationOptions, ProposerKind
-from ..engine.lean_decoder import CACHE_DTYPES
-from ..engine.models import Precision
-from ..engine.sampling import SamplingParams
+from ..engine.choices import CACHE_TYPES, GenerationOptions, Precision, ProposerKind, SamplingParams
 from ..options import DEFAULTS, LOAD_DEFAULTS, LoadOptions
 
 DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
@@ -26,7 +23,7 @@ class ControlsPanel(QTabWidget):
     models_changed = Signal()
     add_model_requested = Signal()
 
-    def __init__(self, device_text: str) -> None:
+    def __init__(self, device_text: str = "known once the models load") -> None:
         super().__init__()
         models = QWidget()
         form = QFormLayout(models)
@@ -49,7 +46,7 @@ class ControlsPanel(QTabWidget):
         self.draft_precision.setToolTip("CPU weights of the draft. A cheaper draft never changes the answer:\n"
                                         "only the target decides what is emitted.")
         self.kv_cache = QComboBox()
-        for name in CACHE_DTYPES:
+        for name in CACHE_TYPES:
             self.kv_cache.addItem(CACHE_LABELS[name], name)
         self.kv_cache.setCurrentIndex(self.kv_cache.findData(LOAD_DEFAULTS.kv_cache))
         self.kv_cache.setToolTip("Keys and values the low-bit models keep for the conversation (llama.cpp's cache type).\n"

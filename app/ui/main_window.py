@@ -4,6 +4,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
@@ -16,10 +17,9 @@ from ..chat.export import to_markdown
 from ..chat.prompt import switches_thinking
 from ..chat.session import ChatSession, RequestKind
 from ..chat.store import ChatStore, StoreError
-from ..engine.engine import ProposerKind, SpeculativeEngine
+from ..engine.choices import ProposerKind
 from ..engine.errors import IncompatibleModelsError, ModelError
 from ..engine.model_cache import ModelCache
-from ..engine.models import load_model, load_tokenizer, vocabulary_mismatch
 from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
@@ -27,6 +27,9 @@ from .controls import ControlsPanel
 from .render import RenderOptions, code_blocks, without_thinking
 from .theme import RESOURCES, SOURCE_HELP, THEMES
 from .worker import GenerationWorker, Loader
+
+if TYPE_CHECKING:
+    from ..engine.engine import SpeculativeEngine
 
 
 @dataclass
@@ -51,10 +54,11 @@ class MainWindow(QMainWindow):
     models_ready = Signal()
     answer_finished = Signal()
 
-    def __init__(self, store: ChatStore, settings: QSettings | None = None, load=load_model,
+    def __init__(self, store: ChatStore, settings: QSettings | None = None, load=None,
                  saved_caches: Path | None = None) -> None:
-        """saved_caches: where the models' caches are kept between runs, so that a chat reopened
-        after a restart is not read again (none: not kept)."""
+        """load: models.load_model's signature (its default); saved_caches: where the models'
+        caches are kept between runs, so that a chat reopened after a restart is not read again
+        (none: not kept). The engine is imported by the models' load, on its thread."""
         super().__init__()
         self.store = store
         self.settings = settings or QSettings("SpecChat", "SpecChat")
@@ -75,7 +79,7 @@ class MainWindow(QMainWindow):
 
         self.setWindowTitle("SpecChat")
         self.setWindowIcon(QIcon(str(RESOURCES / "icon.png")))
-        self.controls = ControlsPanel(self.models.device_text)
+        self.controls = ControlsPanel()
         self.acceptance = AcceptanceView()
         self.chat_view = ChatView(RenderOptions(THEMES["light"]))
         self.composer = Composer()
@@ -339,6 +343,8 @@ class MainWindow(QMainWindow):
         if self.progress is not None:
             self.progress.close()
             self.progress = None
+        if self.models.device_text:
+            self.controls.device.setText(self.models.device_text)
         if result.engine is None:
             self.statusBar().showMessage("Models not loaded")
             if result.incompatible_draft:
@@ -372,6 +378,8 @@ class MainWindow(QMainWindow):
         target = self.engine.target
 
         def job(report) -> str | None:
+            from ..engine.models import load_tokenizer, vocabulary_mismatch
+
             try:
                 return vocabulary_mismatch(load_tokenizer(source), target.tokenizer, source, target.name)
             except ModelError as error:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
-from ..engine.engine import GenerationOptions, SpeculativeEngine
+from ..engine.choices import GenerationOptions
+
+if TYPE_CHECKING:
+    from ..engine.engine import SpeculativeEngine
 
 
 class GenerationWorker(QObject):

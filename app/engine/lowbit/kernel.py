@@ -16,61 +16,26 @@ from pathlib import Path
 import torch
 
 from ..cache import cache_root
+from .cpu import ISAS, cpu_field, cpu_flags, machine_isa
 from .packing import PackedWeight, dequantize, reference_linear
 
 HERE = Path(__file__).parent
 SOURCES = ["kernel.cpp", "decoder.cpp", "bindings.cpp"]
 HEADERS = [HERE / "kernel.h", HERE / "vec16.h"]
-# Per instruction set: the CPU flags it needs and the compiler flags. -ffp-contract=off keeps
-# each float step as written (the linear layers of both builds then give the same bits);
-# -fopenmp makes at::parallel_for split the work over torch's threads (without it the header
-# template runs serially), and the library binds to the libgomp torch has loaded.
-# In order of preference; "vnni256" is the AVX-VNNI kernel in AVX-512's encoding of the same
-# instructions, never better than "avx512" where it runs: it lets the tests check that kernel on
-# AVX-512 machines (no AVX-VNNI CPU is at hand here).
-ISAS = {
-    "avx512": ({"avx512f", "avx512bw", "avx512_vnni"},
-               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]),
-    "avxvnni": ({"avx2", "fma", "f16c", "avx_vnni"}, ["-mavx2", "-mfma", "-mf16c", "-mavxvnni", "-DSPECCHAT_VNNI256"]),
-    "avx2": ({"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
-    "vnni256": ({"avx2", "fma", "f16c", "avx512vl", "avx512_vnni"},
-                ["-mavx2", "-mfma", "-mf16c", "-mavx512vl", "-mavx512vnni", "-DSPECCHAT_VNNI256"]),
-}
+# -ffp-contract=off keeps each float step as written (the linear layers of every build then give
+# the same bits); -fopenmp makes at::parallel_for split the work over torch's threads (without it
+# the header template runs serially), and the library binds to the libgomp torch has loaded.
 COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 # one per build, all loadable at once
 MODULE_NAMES = {isa: "specchat_lowbit" if isa == "avx512" else f"specchat_lowbit_{isa}" for isa in ISAS}
 KERNEL_NAMES = {"avxvnni": "AVX-VNNI", "avx2": "AVX2", "vnni256": "AVX-VNNI (AVX-512 encoding)"}  # shown beside the precision
 
 
-@functools.cache
-def _cpu_field(name: str) -> str:
-    """A field of the first CPU in /proc/cpuinfo ("" when unreadable)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    line = next((line for line in text.splitlines() if line.split(":", 1)[0].strip() == name), "")
-    return line.split(":", 1)[-1].strip()
-
-
-def cpu_flags() -> set[str]:
-    return set(_cpu_field("flags").split())
-
-
 def compile_flags(isa: str) -> list[str]:
     """The compiler's flags for `isa` on this machine: AVX-512's prefetching of the weights
     differs between AMD's cores and others' (see kernel.cpp's kFirstPassLocality)."""
-    vendor_flags = ["-DSPECCHAT_PREFETCH_NTA"] if isa == "avx512" and _cpu_field("vendor_id") == "AuthenticAMD" else []
+    vendor_flags = ["-DSPECCHAT_PREFETCH_NTA"] if isa == "avx512" and cpu_field("vendor_id") == "AuthenticAMD" else []
     return COMMON_FLAGS + ISAS[isa][1] + vendor_flags
-
-
-def machine_isa() -> str | None:
-    """The instruction set the kernel is built for here: SPECCHAT_KERNEL_ISA if set (and the CPU
-    has it), else the best the CPU has; None when it has neither."""
-    flags = cpu_flags()
-    wanted = os.environ.get("SPECCHAT_KERNEL_ISA")
-    candidates = [wanted] if wanted in ISAS else list(ISAS)
-    return next((isa for isa in candidates if ISAS[isa][0] <= flags), None)
 
 
 _BUILD_LOCK = threading.Lock()  # one build at a time; later callers get the cached result

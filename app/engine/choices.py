@@ -1,0 +1,94 @@
+"""What the user chooses for the engine, as plain values without torch: the window shows, checks
+and stores them before the engine is imported (torch and transformers take seconds to import,
+and the window opens first)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .lowbit.cpu import machine_isa
+
+
+class Precision(str, Enum):
+    LOWBIT = "lowbit"  # the GGUF's own blocks (4-8 bits); float folders: 8 bits
+    BITS4 = "4bit"  # every weight matrix re-quantized to 4 bits
+    BITS3 = "3bit"  # the feed-forward matrices re-quantized to 3 bits, the others to 4
+    FP32 = "fp32"  # dequantized float32: the reference
+    INT8 = "int8"  # float32 with dynamically quantized int8 linears (torch.ao)
+
+    @property
+    def low_bit(self) -> bool:
+        return self is Precision.LOWBIT or self.requantized_bits[0] is not None
+
+    @property
+    def requantized_bits(self) -> tuple[int | None, int | None]:
+        """(bits of every weight matrix, bits of the feed-forward ones) when re-quantized, else None."""
+        return {Precision.BITS4: (4, None), Precision.BITS3: (4, 3)}.get(self, (None, None))
+
+
+def default_draft_precision() -> Precision:
+    """The draft's precision by default: 3-bit feed-forward layers where the AVX-512 kernel runs
+    them (a draft pass 6.9 -> 5.9 ms, speculative decoding 1.04-1.06x), 4 bits elsewhere: with
+    the AVX2 and AVX-VNNI kernels unpacking 3 bits costs more than the bytes it saves (a draft pass
+    6.5 -> 7.8 ms and 6.2 -> 6.8 ms here, speculative decoding 0.97x and 0.86x)."""
+    return Precision.BITS3 if machine_isa() == "avx512" else Precision.BITS4
+
+
+# The low-bit models' KV cache types (lean_decoder maps them to torch's). float16 by default, as
+# llama.cpp's cache: half the memory, and half the bytes attention reads per token.
+CACHE_TYPES = ("float16", "float32")
+DEFAULT_CACHE = "float16"
+
+COMMON_TOKENS = 32768  # a low-bit draft drafts over this many most common tokens: a fifth of the default pair's vocabulary
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1.0: no nucleus filter
+    min_p: float = 0.0  # 0: keep every token; else only those at least min_p times the likeliest's probability
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class ProposerKind(str, Enum):
+    DRAFT_MODEL = "draft"
+    PROMPT_LOOKUP = "lookup"
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """The one set of generation defaults: the window, the terminal chat and both benchmarks
+    start from `GenerationOptions()` (tests/test_defaults.py checks that they do)."""
+
+    speculative: bool = True
+    proposer: ProposerKind = ProposerKind.DRAFT_MODEL
+    k: int = 8  # the starting length when adaptive
+    adaptive: bool = True
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy
+    seed: int = 0
+    max_new_tokens: int = 512
+    # A draft model's draft takes up to this many tokens from earlier text where its last three
+    # tokens occurred before (0: never); speed only, see DraftModelProposer.
+    lookup: int = 3
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= 64:
+            raise ValueError(f"k must be between 1 and 64, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not 0 <= self.lookup <= 64:
+            raise ValueError(f"lookup must be between 0 and 64, got {self.lookup}")
