@@ -1,5 +1,7 @@
 """Layer 5: the GUI with pytest-qt, offscreen, on tiny models (real engine, tiny weights)."""
 
+import threading
+
 import pytest
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QMessageBox
@@ -27,12 +29,18 @@ def tiny_models():
 def make_window(qtbot, tmp_path, tiny_models):
     windows = []
 
+    holds = []  # events a load waits for
+
     def load(source, device, dtype, report, **_):
+        for hold in holds:
+            hold.wait(10)
         if source not in tiny_models:
             raise ModelError(f"GGUF file not found: {source}")
         return tiny_models[source]
 
-    def make(saved_caches=None, **settings):
+    def make(saved_caches=None, hold=None, **settings):
+        """hold: the models load once this event is set (the window is returned meanwhile)."""
+        holds[:] = [hold] if hold is not None else []
         config = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
         for key, value in {"max_new_tokens": 24, "extra_models": ["other-draft"], **settings}.items():
             config.setValue(key, value)
@@ -41,7 +49,8 @@ def make_window(qtbot, tmp_path, tiny_models):
         window.show()
         # (A waitSignal blocker entered and never exited stayed connected after it was collected,
         # and Qt then called into freed memory: a rare segfault during garbage collection.)
-        qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
+        if hold is None:
+            qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
         windows.append(window)
         return window
 
@@ -142,6 +151,33 @@ def test_the_window_opens_before_torch_is_imported(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "no models in this test True"
+
+
+LEAVES = """
+import atexit, sys, threading, time
+from PySide6.QtCore import QSettings
+from app.ui.app import leave_work_behind
+settings = QSettings(sys.argv[1], QSettings.IniFormat)
+settings.setValue("k", 5)
+atexit.register(lambda: print("finalized"))
+if sys.argv[2] == "loading":
+    threading.Thread(target=time.sleep, args=(60,), name="specchat-load", daemon=True).start()
+leave_work_behind(settings)
+print("left as usual")
+"""
+
+
+@pytest.mark.parametrize("work, printed", [("loading", ""), ("idle", "left as usual\nfinalized")])
+def test_an_exit_during_a_load_leaves_at_once_with_the_settings_saved(tmp_path, work, printed):
+    """Closing the window while the models load ended in an abort ("terminate called without an
+    active exception", exit status 134) as the interpreter tore the load down inside torch."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LEAVES, str(tmp_path / "settings.ini"), work], capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, printed), done.stderr
+    assert "k=5" in (tmp_path / "settings.ini").read_text()
 
 
 def test_corrections_are_coloured_and_explained(qtbot, make_window):
@@ -314,6 +350,27 @@ def test_a_chat_reopened_after_a_restart_is_not_read_again(qtbot, make_window, t
     assert follow_up.stats.cached_prompt_tokens >= 64
     monkeypatch.setattr(QMessageBox, "question", lambda *args: QMessageBox.Yes)
     again.delete_chat()
+    assert not list(saved.rglob("*.pt"))
+
+
+def test_a_chat_deleted_while_the_models_load_loses_its_saved_copies_once_they_are_there(
+        qtbot, make_window, tmp_path, monkeypatch):
+    """The window opens before the models are loaded: a chat deleted meanwhile cannot yet be told
+    apart in the saved copies (they hold no text); they go as soon as the models can tell."""
+    saved = tmp_path / "saved-caches"
+    window = make_window(saved_caches=saved)
+    send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
+    chat_id = window.conversation.id
+    window.close()
+    assert list(saved.rglob("*.pt"))
+    hold = threading.Event()
+    again = make_window(saved_caches=saved, hold=hold)
+    again.open_chat(chat_id)
+    monkeypatch.setattr(QMessageBox, "question", lambda *args: QMessageBox.Yes)
+    again.delete_chat()
+    assert again.engine is None and again.chat_list.count() == 0
+    hold.set()
+    qtbot.waitUntil(lambda: again.engine is not None, timeout=10_000)
     assert not list(saved.rglob("*.pt"))
 
 

@@ -119,11 +119,14 @@ class ChatSession:
             self._save(lambda: self.store.update_message(message))
 
     # ---- requests -----------------------------------------------------------------------------
+    def prompt_for(self, text: str, replacing: int | None = None) -> list[dict]:
+        """The messages that sending `text` would give the chat template (in place of the user
+        message at `replacing`, as edit does)."""
+        return self.conversation.prompt_messages(upto=replacing) + [Message(role="user", content=text).to_prompt()]
+
     def prompt_ids_for(self, text: str, engine: SpeculativeEngine, replacing: int | None = None) -> list[int]:
-        """The prompt that sending `text` would give (in place of the user message at `replacing`,
-        as edit does): what the window reads ahead while the message is typed."""
-        prompt = self.conversation.prompt_messages(upto=replacing) + [Message(role="user", content=text).to_prompt()]
-        return chat_prompt_ids(engine.target.tokenizer, prompt, self.thinking)
+        """The prompt's token ids: what the window reads ahead while the message is typed."""
+        return chat_prompt_ids(engine.target.tokenizer, self.prompt_for(text, replacing), self.thinking)
 
     def ask(self, text: str, engine: SpeculativeEngine, options: GenerationOptions) -> Request:
         """Adds the user's message (saved at once) and returns the request that answers it."""

@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from .theme import RESOURCES
@@ -42,6 +43,20 @@ def close_on_signals(window) -> None:
     window.signal_wakeup = (reader, writer, notifier)  # alive as long as the window
 
 
+def leave_work_behind(settings) -> None:
+    """Ends the process at once when the app's own threads still run at exit: a model load (the
+    window closed while the models load), a kernel build, an answer that did not stop in time. The
+    interpreter's shutdown would tear them down inside torch's import or its thread pool: an abort
+    ("terminate called without an active exception") or tracebacks at every such exit. What is
+    worth keeping is on disk by then (the chats closed, the caches saved, the settings synced here),
+    and what those threads write appears only complete (written beside, then renamed)."""
+    if any(thread.name.startswith("specchat-") and thread.is_alive() for thread in threading.enumerate()):
+        settings.sync()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def run_gui() -> int:
     from .platform_check import xcb_problem
 
@@ -67,6 +82,7 @@ def run_gui() -> int:
     with loop:
         loop.run_until_complete(closed.wait())
     window.store.close()
+    leave_work_behind(window.settings)
     return 0
 
 

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QFileDialog, QFrame, QHB
 
 from ..chat.attachments import AttachmentError, file_block
 from ..chat.export import to_markdown
-from ..chat.prompt import switches_thinking
+from ..chat.prompt import chat_prompt_ids, switches_thinking
 from ..chat.session import ChatSession, RequestKind
 from ..chat.store import ChatStore, StoreError
 from ..engine.choices import ProposerKind
@@ -69,6 +69,9 @@ class MainWindow(QMainWindow):
         self.worker = GenerationWorker()
         self.loader = Loader()
         self.progress: QProgressDialog | None = None
+        # chats deleted before an engine was there (prompt messages, thinking): the models' saved
+        # copies of them go once it is
+        self._forget_when_loaded: list[tuple[list[dict], bool]] = []
         self._render_timer = QTimer(self, singleShot=True, interval=40)
         self._render_timer.timeout.connect(self._render)
         # The message is read ahead this long after an edit, and then again at most this often
@@ -354,6 +357,7 @@ class MainWindow(QMainWindow):
         self.engine = result.engine
         target, draft = self.engine.target, self.engine.draft
         self.controls.thinking.setEnabled(switches_thinking(target.tokenizer))
+        self._forget_deleted_chats()
         self._show_memory()
         self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}) with draft {draft.name} "
                                      f"({draft.precision})", 5000)
@@ -439,11 +443,18 @@ class MainWindow(QMainWindow):
             return
         if QMessageBox.question(self, "Delete chat", f"Delete '{self.conversation.title}'?") != QMessageBox.Yes:
             return
-        if self.engine is not None:  # the models' copies of it go too, in memory and on disk
-            self.worker.stop_reading_ahead(wait_seconds=10)
-            self.engine.forget_conversation(self.session.prompt_ids_for("", self.engine))
+        self._forget_when_loaded.append((self.session.prompt_for(""), self.session.thinking))
+        self._forget_deleted_chats()  # the models' copies of it, in memory and on disk
         self._save(lambda: self.store.delete_chat(self.conversation.id))
         self.new_chat()
+
+    def _forget_deleted_chats(self) -> None:
+        if self.engine is None:
+            return  # the models still load (or failed to): until an engine is there
+        self.worker.stop_reading_ahead(wait_seconds=10)
+        for prompt, thinking in self._forget_when_loaded:
+            self.engine.forget_conversation(chat_prompt_ids(self.engine.target.tokenizer, prompt, thinking))
+        self._forget_when_loaded.clear()
 
     def export_markdown(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{self.conversation.title}.md", "Markdown (*.md)")
