@@ -180,6 +180,32 @@ def test_an_exit_during_a_load_leaves_at_once_with_the_settings_saved(tmp_path, 
     assert "k=5" in (tmp_path / "settings.ini").read_text()
 
 
+def test_a_message_sent_while_the_models_load_goes_once_they_are_there(qtbot, make_window):
+    hold = threading.Event()
+    window = make_window(hold=hold)
+    assert window.send_button.isEnabled()  # the window opens first: sending need not wait for the models
+    window.composer.setPlainText("hello there")
+    window.send_button.click()
+    assert window.engine is None and not window.conversation.messages
+    assert "sent as soon as they are ready" in window.statusBar().currentMessage()
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        hold.set()
+    assert [m.role for m in window.conversation.messages] == ["user", "assistant"]
+    assert window.conversation.messages[0].content == "hello there" and not window.composer.toPlainText()
+
+
+def test_esc_keeps_a_message_sent_while_the_models_load(qtbot, make_window):
+    hold = threading.Event()
+    window = make_window(hold=hold)
+    window.composer.setPlainText("not yet")
+    qtbot.keyClick(window.composer, Qt.Key_Return)
+    qtbot.keyClick(window.composer, Qt.Key_Escape)
+    hold.set()
+    qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
+    qtbot.wait(100)
+    assert not window.conversation.messages and window.composer.toPlainText() == "not yet"
+
+
 def test_corrections_are_coloured_and_explained(qtbot, make_window):
     window = make_window(draft="other-draft", k=3, adaptive=False)  # the policy may rightly decode plainly
     answer = send_and_wait(qtbot, window)

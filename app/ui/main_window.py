@@ -69,6 +69,8 @@ class MainWindow(QMainWindow):
         self.worker = GenerationWorker()
         self.loader = Loader()
         self.progress: QProgressDialog | None = None
+        self.loading = False  # models are being loaded for the current choice
+        self._send_when_ready = False  # a message sent while they loaded goes as soon as they are there
         # chats deleted before an engine was there (prompt messages, thinking): the models' saved
         # copies of them go once it is
         self._forget_when_loaded: list[tuple[list[dict], bool]] = []
@@ -309,6 +311,7 @@ class MainWindow(QMainWindow):
         # their caches are saved on the loader's thread (megabytes written), for the next time they run
         leaving = self.engine if not self.session.busy else None
         self.engine = None
+        self.loading = True
         self.set_busy(self.session.busy)
         self.statusBar().showMessage(f"Loading models: {chosen.target} + {chosen.draft}...")
         if self.progress is None:
@@ -343,12 +346,15 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, result: LoadResult) -> None:
         if not self.models.is_current(result.ticket):
             return  # the user picked other models meanwhile; their load reports instead
+        self.loading = False
         if self.progress is not None:
             self.progress.close()
             self.progress = None
         if self.models.device_text:
             self.controls.device.setText(self.models.device_text)
         if result.engine is None:
+            self._send_when_ready = False  # the message stays in the box
+            self.set_busy(self.session.busy)
             self.statusBar().showMessage("Models not loaded")
             if result.incompatible_draft:
                 self.controls.mark_draft_incompatible(result.incompatible_draft, result.error)
@@ -362,7 +368,11 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}) with draft {draft.name} "
                                      f"({draft.precision})", 5000)
         self.set_busy(self.session.busy)
-        self._read_ahead_timer.start()  # a message typed while the models loaded
+        if self._send_when_ready:
+            self._send_when_ready = False
+            self.send(self.composer.toPlainText().strip())
+        else:
+            self._read_ahead_timer.start()  # a message typed while the models loaded
         self.models_ready.emit()
 
     def add_model(self) -> None:
@@ -479,7 +489,7 @@ class MainWindow(QMainWindow):
     # ---- generation -----------------------------------------------------------------------
     def set_busy(self, busy: bool) -> None:
         ready = self.engine is not None
-        self.send_button.setEnabled(ready and not busy)
+        self.send_button.setEnabled((ready or self.loading) and not busy)  # sent while loading: once they are there
         self.compare_button.setEnabled(ready and not busy and self.session.last_answer() is not None)
         self.regenerate_button.setEnabled(ready and not busy and self.session.can_regenerate())
         self.continue_button.setEnabled(ready and not busy and self.session.can_continue())
@@ -499,6 +509,11 @@ class MainWindow(QMainWindow):
         return True
 
     def send(self, text: str) -> None:
+        if text and self.engine is None and self.loading and not self.session.busy:
+            self._send_when_ready = True
+            self.statusBar().showMessage("The models are still loading: your message is sent as soon as they are ready "
+                                         "(Esc keeps it here).")
+            return
         if not text or not self._can_start():
             return
         self.composer.clear()
@@ -665,6 +680,9 @@ class MainWindow(QMainWindow):
 
     def stop(self) -> None:
         self.cancel_edit()
+        if self._send_when_ready:
+            self._send_when_ready = False
+            self.statusBar().showMessage("Not sent: your message stays in the box.", 5000)
         if self.worker.running:
             self.worker.stop()
             self.statusBar().showMessage("Stopping after this step...", 3000)
