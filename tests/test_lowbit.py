@@ -137,6 +137,25 @@ def test_every_build_gives_the_avx512_bits(bits, group, coded, symmetric, mapped
         assert torch.equal(other(x[:rows], packed), avx512(x[:rows], packed))
 
 
+BUILD_STARTS = """
+import sys, threading
+from app.engine.lowbit import kernel
+threading.Thread.start = lambda thread: print(thread.name, "setuptools" in sys.modules)
+kernel.build_in_background()
+"""
+
+
+def test_the_builders_imports_come_before_the_background_build():
+    """torch's builder imports setuptools, which adds a finder to sys.meta_path for one import and
+    takes it out again: another thread importing meanwhile could miss a module that is installed.
+    So it is imported on the caller's thread, before the build's starts."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", BUILD_STARTS], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "specchat-kernel-build True", done.stderr
+
+
 def test_the_build_follows_the_cpu(monkeypatch):
     """AMD's cores prefetch the weights as non-temporal data; Intel's stall on it (see kernel.cpp's
     kFirstPassLocality), as may others'. A build with other flags is another build (its own folder)."""

@@ -1,6 +1,7 @@
 """Loading from every kind of source, and clear messages for bad model files and pairs."""
 import hashlib
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,6 +89,46 @@ def test_missing_part_package_is_named(fake_parts):
     missing = default_models.PackagedGGUF("Fake", "fakepart", 4, "fake-part", "1.0", 1, "0" * 64)
     with pytest.raises(ModelError, match="fake-part4==1.0 is not installed"):
         missing.part_paths()
+
+
+def test_a_full_disk_while_assembling_leaves_no_partial_file(fake_parts, tmp_path, monkeypatch):
+    import builtins
+    import errno
+    import io
+
+    class FullDisk(io.FileIO):
+        def write(self, data):
+            super().write(bytes(data[:100]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(default_models, "open", lambda path, mode="r": FullDisk(path, "wb") if "w" in mode
+                        else builtins.open(path, mode), raising=False)
+    with pytest.raises(OSError, match="No space left"):
+        default_models.assemble(fake_parts, tmp_path / "out" / "fake.gguf")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_full_disk_while_preparing_a_model_says_so_and_leaves_nothing(tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own error, with the words only; the unfinished copy
+    (a gigabyte for the default target) must not stay and keep the disk full."""
+    from app.engine import models
+    from app.engine.lowbit import loader, store
+    from app.engine.lowbit.modules import quantize_model
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loader, "load_gguf_lowbit", lambda *_, **__: quantize_model(tiny_model(seed=1).model, 8))
+    monkeypatch.setattr(models, "_gguf_tokenizer", lambda path, model_type: tiny_model(seed=1).tokenizer)
+
+    def full_disk(tensors, path):
+        Path(path).write_bytes(b"x" * 1000)
+        raise Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(store, "save_file", full_disk)
+    with pytest.raises(ModelError, match="Not enough disk space in .*SPECCHAT_CACHE"):
+        load_model(str(gguf))
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
 
 
 def test_int8_draft_is_smaller_and_keeps_the_target_output(tmp_path, tiny_target):

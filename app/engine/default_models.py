@@ -76,15 +76,19 @@ def assemble(packaged: PackagedGGUF, out_path: Path, progress: Progress | None =
     partial = out_path.with_suffix(".partial")
     digest = hashlib.sha256()
     written = 0
-    with open(partial, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as src:
-                while chunk := src.read(_CHUNK):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    written += len(chunk)
-                    if progress:
-                        progress(f"Assembling {packaged.name}", min(written / packaged.size, 1.0))
+    try:
+        with open(partial, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as src:
+                    while chunk := src.read(_CHUNK):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        written += len(chunk)
+                        if progress:
+                            progress(f"Assembling {packaged.name}", min(written / packaged.size, 1.0))
+    except OSError:  # a full disk, say: what was written would keep it full
+        partial.unlink(missing_ok=True)
+        raise
     if written != packaged.size or digest.hexdigest() != packaged.sha256:
         partial.unlink(missing_ok=True)
         raise ModelError(

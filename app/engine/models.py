@@ -12,6 +12,7 @@ to 8 bits (`lowbit`) or as `4bit` and `3bit` say. On CUDA every model runs in bf
 """
 from __future__ import annotations
 
+import errno
 import gc
 import hashlib
 import shutil
@@ -76,6 +77,12 @@ END_OF_TURN = frozenset({"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<
                          "<｜end▁of▁sentence｜>", "<EOT>"})
 
 
+def out_of_space(error: BaseException) -> bool:
+    """Whether a write failed for want of disk space (safetensors says so only in words)."""
+    return (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or \
+        "No space left on device" in str(error)
+
+
 def cache_dir() -> Path:
     return cache_root() / "models"
 
@@ -118,8 +125,17 @@ def load_model(
         tokenizer = _tokenizer(folder)
     except ModelError:
         raise
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise ModelError(f"Cannot load model '{source}': {error}") from error
+    except Exception as error:
+        if out_of_space(error):
+            if packaged:  # the assembled GGUF too: the parts rebuild it, and the disk needs the room
+                (cache_dir() / f"{packaged.name}.gguf").unlink(missing_ok=True)
+            raise ModelError(f"Not enough disk space in {cache_dir()} to prepare {name} ({error}). A model's first "
+                             "start writes a prepared copy there: about twice its file's size free, 2.5 GB for the "
+                             "default pair. Free some space, or set SPECCHAT_CACHE to a folder on another disk."
+                             ) from error
+        if isinstance(error, (OSError, ValueError, KeyError, RuntimeError)):
+            raise ModelError(f"Cannot load model '{source}': {error}") from error
+        raise
     model.to(device).eval()
     if not on_cpu:
         return LoadedModel(name, model, tokenizer, str(dtype).replace("torch.", ""))
@@ -256,8 +272,12 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
     report(f"Caching {name} weights", None)
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+    except Exception:  # a full disk, say: the unfinished copy would keep it full
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)  # config.json appears only with complete weights beside it
     return folder

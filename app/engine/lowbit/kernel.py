@@ -75,7 +75,14 @@ def _source_digest(isa: str) -> str:
 
 def build_in_background() -> None:
     """Start compiling (or loading) the kernel on a side thread, so that a first start repacks
-    the models and compiles at the same time; a caller that needs the kernel meanwhile waits."""
+    the models and compiles at the same time; a caller that needs the kernel meanwhile waits.
+
+    torch's builder is imported here first: it imports setuptools, which puts a finder at the
+    head of sys.meta_path for one import and takes it out again, and a thread importing at that
+    moment can skip the next finder and miss a module that is there (the default target's part 12
+    was once "not installed" as the background build began)."""
+    from torch.utils import cpp_extension  # noqa: F401
+
     threading.Thread(target=native, name="specchat-kernel-build", daemon=True).start()
 
 

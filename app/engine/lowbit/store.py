@@ -59,8 +59,12 @@ def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Pat
         if module_name in layout and layout[module_name]["weights_of"] != module_name and attribute.startswith("w_"):
             continue
         tensors[name] = tensor.contiguous()
-    save_file(tensors, partial / WEIGHTS)
-    (partial / LAYOUT).write_text(json.dumps({"format": FORMAT, "modules": layout}, indent=1))
+    try:
+        save_file(tensors, partial / WEIGHTS)
+        (partial / LAYOUT).write_text(json.dumps({"format": FORMAT, "modules": layout}, indent=1))
+    except Exception:  # a full disk, say (safetensors says so in words): the unfinished copy would keep it full
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)  # a folder appears only complete
 
