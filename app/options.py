@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field, replace
-
 from typing import TYPE_CHECKING
 
 from .engine.choices import (CACHE_TYPES, COMMON_TOKENS, DEFAULT_CACHE, GenerationOptions, Precision, ProposerKind,

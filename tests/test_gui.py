@@ -361,15 +361,20 @@ def test_saved_chat_reloads_with_colours_after_restart(qtbot, make_window):
     assert {LIGHT.accepted.lower(), LIGHT.corrected.lower()} & colours
 
 
+def chat_saved_at_close(qtbot, make_window, saved):
+    """A chat of 80 words answered, its window closed: the models' caches saved under `saved`."""
+    window = make_window(saved_caches=saved)
+    send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
+    window.close()
+    assert list(saved.rglob("*.pt"))
+    return window.conversation.id
+
+
 def test_a_chat_reopened_after_a_restart_is_not_read_again(qtbot, make_window, tmp_path, monkeypatch):
     """Closing the window saves the models' caches; the next run's follow-up in the reopened chat
     finds the conversation cached. Deleting the chat deletes the copies."""
     saved = tmp_path / "saved-caches"
-    window = make_window(saved_caches=saved)
-    send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
-    chat_id = window.conversation.id
-    window.close()
-    assert list(saved.rglob("*.pt"))
+    chat_id = chat_saved_at_close(qtbot, make_window, saved)
     again = make_window(saved_caches=saved)
     again.open_chat(chat_id)
     follow_up = send_and_wait(qtbot, again, "t7 t8")
@@ -384,11 +389,7 @@ def test_a_chat_deleted_while_the_models_load_loses_its_saved_copies_once_they_a
     """The window opens before the models are loaded: a chat deleted meanwhile cannot yet be told
     apart in the saved copies (they hold no text); they go as soon as the models can tell."""
     saved = tmp_path / "saved-caches"
-    window = make_window(saved_caches=saved)
-    send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
-    chat_id = window.conversation.id
-    window.close()
-    assert list(saved.rglob("*.pt"))
+    chat_id = chat_saved_at_close(qtbot, make_window, saved)
     hold = threading.Event()
     again = make_window(saved_caches=saved, hold=hold)
     again.open_chat(chat_id)

@@ -26,8 +26,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from . import default_models
-from .choices import Precision
 from .cache import cache_root
+from .choices import Precision
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import IncompatibleModelsError, ModelError
 from .lowbit import store as lowbit_store

@@ -459,8 +459,8 @@ class MainWindow(QMainWindow):
         self.new_chat()
 
     def _forget_deleted_chats(self) -> None:
-        if self.engine is None:
-            return  # the models still load (or failed to): until an engine is there
+        if self.engine is None or not self._forget_when_loaded:
+            return  # nothing to forget, or no models yet to tell which copies were the chat's
         self.worker.stop_reading_ahead(wait_seconds=10)
         for prompt, thinking in self._forget_when_loaded:
             self.engine.forget_conversation(chat_prompt_ids(self.engine.target.tokenizer, prompt, thinking))
