@@ -26,7 +26,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from . import default_models
-from .cache import cache_root
+from .cache import cache_root, written_whole
 from .choices import Precision
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import IncompatibleModelsError, ModelError
@@ -270,16 +270,9 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     report(f"Caching {name} weights", None)
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
+    with written_whole(folder) as partial:  # config.json appears only with complete weights beside it
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-    except Exception:  # a full disk, say: the unfinished copy would keep it full
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)  # config.json appears only with complete weights beside it
     return folder
 
 

@@ -3,7 +3,6 @@ which modules are low-bit. Later starts load it in seconds instead of re-reading
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
+from ..cache import written_whole
 from ..tokenizer_cache import folder_tokenizer
 from . import skeleton
 from .memory import read_in_huge_pages
@@ -37,11 +37,6 @@ def is_complete(folder: Path) -> bool:
 
 
 def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    model.config.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
     if skeleton.runs_lean(model.config):  # stored fused, so that a loaded model needs no copy
         fuse_projections(model.model.layers)
     sharing: dict[int, dict[str, _Packed]] = {}  # the packed modules by the storage of their integers
@@ -59,14 +54,11 @@ def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Pat
         if module_name in layout and layout[module_name]["weights_of"] != module_name and attribute.startswith("w_"):
             continue
         tensors[name] = tensor.contiguous()
-    try:
+    with written_whole(folder) as partial:
+        model.config.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
         save_file(tensors, partial / WEIGHTS)
         (partial / LAYOUT).write_text(json.dumps({"format": FORMAT, "modules": layout}, indent=1))
-    except Exception:  # a full disk, say (safetensors says so in words): the unfinished copy would keep it full
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)  # a folder appears only complete
 
 
 def _whole(tensor: torch.Tensor) -> bool:
