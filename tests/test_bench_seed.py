@@ -126,6 +126,7 @@ def test_a_peer_that_dies_on_this_cpu_is_left_out_with_the_reason(monkeypatch, t
     reason = llama_peer.crash_reason(tmp_path / "model.gguf", 2)
     assert "SIGILL" in reason and "AMX" in reason and "left out" in reason
     monkeypatch.setattr(llama_peer, "_SMOKE_TEST", "import sys; sys.exit('no such file')")
-    assert llama_peer.crash_reason(tmp_path / "model.gguf", 2).startswith("llama.cpp failed on a 64-token batch here (no such file)")
-    monkeypatch.setattr(llama_peer, "_SMOKE_TEST", "import sys; assert sys.argv[1:] == ['m.gguf', '2']")
-    assert llama_peer.crash_reason(Path("m.gguf"), 2) is None
+    assert llama_peer.crash_reason(tmp_path / "model.gguf", 2).startswith(
+        "llama.cpp failed to load the files or run a 64-token batch here (no such file)")
+    monkeypatch.setattr(llama_peer, "_SMOKE_TEST", "import sys; assert sys.argv[1:] == ['m.gguf', '2', 't.gguf']")
+    assert llama_peer.crash_reason(Path("m.gguf"), 2, Path("t.gguf")) is None

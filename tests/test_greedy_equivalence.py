@@ -356,3 +356,26 @@ def test_the_drafts_reading_of_the_prompt_counts_as_prefill_and_follows_the_firs
     assert second.prefill_seconds - first.prefill_seconds >= 0.3 * 78 / 79 * 0.99
     assert second.draft_seconds < 0.3 and second.drafted == 2
     assert last.prefill_seconds == second.prefill_seconds  # the prompt is read once
+
+
+def test_a_target_padded_past_its_drafts_vocabulary_pairs_with_it_and_keeps_its_output(tiny_draft):
+    """A Qwen2.5 7B GGUF's tokenizer lists 128 placeholders ("[PAD151936]" ...) more than its
+    0.5B draft's, for its larger embedding: the same tokens, so the pair is accepted and greedy
+    speculation gives the target's output. Placeholders at other ids, or real tokens past the
+    draft's, are still refused."""
+    from app.engine.models import LoadedModel, ModelError, vocabulary_mismatch
+    from tests.tiny import tiny_tokenizer
+
+    target = tiny_model(seed=1, vocab_size=104)
+    padded = LoadedModel("tiny-padded", target.model, tiny_tokenizer(96, padding=8))
+    engine = SpeculativeEngine(padded, tiny_draft)
+    for prompt in PROMPTS:
+        plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW)
+        assert generated_ids(engine, prompt, k=4, max_new_tokens=N_NEW) == plain
+        assert max(plain) < 96
+    assert vocabulary_mismatch(tiny_draft.tokenizer, padded.tokenizer) is None
+    misplaced = tiny_tokenizer(96)
+    misplaced.add_tokens(["[PAD200]"])  # id 96: not a placeholder of its own row
+    assert "96 tokens, the target's 97" in vocabulary_mismatch(tiny_draft.tokenizer, misplaced)
+    with pytest.raises(ModelError, match="96 tokens, the target's 104"):
+        SpeculativeEngine(target, tiny_draft)

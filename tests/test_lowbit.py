@@ -263,7 +263,7 @@ def write_tiny_gguf(path, architecture, layers=2, width=64, inner=128, heads=4, 
     from app.engine.lowbit import gguf_writing
 
     rng = np.random.default_rng(0)
-    weight = lambda shape: (quantize((rng.standard_normal(shape) * 0.2).astype(np.float32), GGMLQuantizationType.Q8_0),
+    weight = lambda name, shape: (quantize((rng.standard_normal(shape) * 0.2).astype(np.float32), GGMLQuantizationType.Q8_0),
                             GGMLQuantizationType.Q8_0)
     norms = []
     norm = lambda n: norms.append((1 + 0.3 * rng.standard_normal(n)).astype(np.float32)) or norms[-1]

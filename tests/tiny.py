@@ -11,8 +11,10 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
 from app.engine.models import LoadedModel
 
 
-def tiny_tokenizer(vocab_size: int, prefix: str = "t") -> PreTrainedTokenizerFast:
-    vocab = {f"{prefix}{i}": i for i in range(vocab_size)}
+def tiny_tokenizer(vocab_size: int, prefix: str = "t", padding: int = 0) -> PreTrainedTokenizerFast:
+    """padding: that many placeholders after the tokens, as GGUF converters write them for
+    embedding rows no token uses ("[PAD96]" at id 96)."""
+    vocab = {f"{prefix}{i}": i for i in range(vocab_size)} | {f"[PAD{i}]": i for i in range(vocab_size, vocab_size + padding)}
     backend = Tokenizer(WordLevel(vocab, unk_token=f"{prefix}0"))
     backend.pre_tokenizer = WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=f"{prefix}0")

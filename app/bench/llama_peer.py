@@ -33,26 +33,30 @@ def unavailable_reason() -> str | None:
 
 
 # A batch through llama.cpp in a child process: a fault in its kernels there ends that process,
-# not the benchmark.
+# not the benchmark. The other files are loaded there too: one llama.cpp cannot read (a model
+# folder, or a GGUF it refuses) had ended the benchmark with a ValueError.
 _SMOKE_TEST = """
 import sys
 from llama_cpp import Llama
+for path in sys.argv[3:]:
+    Llama(path, n_ctx=64, n_threads=int(sys.argv[2]), verbose=False)
 llm = Llama(sys.argv[1], n_ctx=256, n_threads=int(sys.argv[2]), verbose=False)
 llm.eval(list(range(1, 65)))
 """
 
 
-def crash_reason(gguf: Path, threads: int) -> str | None:
-    """Why llama.cpp cannot run here, when it dies on a 64-token batch of `gguf` in a child
-    process (None when it runs). llama-cpp-python 0.3.36 built for a CPU with AMX (Intel Xeons
-    since Sapphire Rapids) dies so, with an illegal instruction in its AMX kernels."""
+def crash_reason(gguf: Path, threads: int, *others: Path) -> str | None:
+    """Why llama.cpp cannot run here, when it dies on a 64-token batch of `gguf` or fails to load
+    it or one of `others`, in a child process (None when it runs). llama-cpp-python 0.3.36 built
+    for a CPU with AMX (Intel Xeons since Sapphire Rapids) dies so, with an illegal instruction in
+    its AMX kernels."""
     import signal
     import subprocess
     import sys
 
     try:
-        done = subprocess.run([sys.executable, "-c", _SMOKE_TEST, str(gguf), str(threads)], capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-c", _SMOKE_TEST, str(gguf), str(threads), *map(str, others)],
+                              capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         return "llama.cpp took over 5 minutes on a 64-token batch here; left out"
     if done.returncode == 0:
@@ -63,7 +67,7 @@ def crash_reason(gguf: Path, threads: int) -> str | None:
                 if cause == "SIGILL" else "")
         return f"llama.cpp died with {cause} on a 64-token batch on this CPU{hint}; left out"
     last_line = (done.stderr.strip().splitlines() or ["no message"])[-1]
-    return f"llama.cpp failed on a 64-token batch here ({last_line}); left out"
+    return f"llama.cpp failed to load the files or run a 64-token batch here ({last_line}); left out"
 
 
 def gguf_path(source: str, progress) -> Path:

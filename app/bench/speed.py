@@ -261,7 +261,7 @@ def run_speed(args: argparse.Namespace) -> dict:
         peer_note = llama_peer.unavailable_reason()
         if peer_note is None:
             target_gguf, draft_gguf = llama_peer.gguf_path(args.target, stage), llama_peer.gguf_path(args.draft, stage)
-            peer_note = llama_peer.crash_reason(draft_gguf, torch.get_num_threads())
+            peer_note = llama_peer.crash_reason(draft_gguf, torch.get_num_threads(), target_gguf)
         if peer_note is None:
             peer = llama_peer.LlamaPeer(target_gguf, draft_gguf, threads=torch.get_num_threads(),
                                         stop_tokens=target.stop_tokens, sampling=options.sampling, seed=options.seed)

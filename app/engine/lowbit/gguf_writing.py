@@ -17,6 +17,7 @@ import numpy as np
 HEAD_NORMS = ("attn_q_norm", "attn_k_norm")
 OUTPUT_NORMS = ("post_attention_norm", "post_ffw_norm")
 EXTRA_NORMS = {"qwen3": HEAD_NORMS, "gemma2": OUTPUT_NORMS, "gemma3": (*HEAD_NORMS, *OUTPUT_NORMS)}
+BIASED = ("qwen2",)  # q, k and v projections with biases
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,14 @@ class Shape:
     context: int = 32768
 
 
-def write(path: Path, architecture: str, shape: Shape, weight: Callable[[tuple[int, int]], tuple],
+def write(path: Path, architecture: str, shape: Shape, weight: Callable[[str, tuple[int, int]], tuple],
           norm: Callable[[int], np.ndarray], tied: bool = True, tokenizer_from: Path | None = None,
           extra: dict[str, np.ndarray] | None = None) -> None:
-    """weight(shape) -> (array, raw_dtype or None) of a [rows, columns] matrix; norm(n) -> float32
-    [n]. tokenizer_from: a GGUF whose tokenizer entries are copied (else none is written). extra:
-    more tensors by GGUF name (rope_freqs.weight: Llama 3's rotary frequency divisors)."""
+    """weight(name, shape) -> (array, raw_dtype or None) of the [rows, columns] matrix of that GGUF
+    name; norm(n) -> float32 [n] (also Qwen2's biases). tokenizer_from: a GGUF whose tokenizer
+    entries are copied (else none is written), its tokens padded to the vocabulary as llama.cpp's
+    converter pads them. extra: more tensors by GGUF name (rope_freqs.weight: Llama 3's rotary
+    frequency divisors)."""
     s = shape
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(s.context)
@@ -66,10 +69,11 @@ def write(path: Path, architecture: str, shape: Shape, weight: Callable[[tuple[i
         for name, field in gguf.GGUFReader(tokenizer_from).fields.items():
             if name.startswith("tokenizer."):
                 sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-                writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
+                writer.add_key_value(name, _padded(name, field.contents(), s.vocabulary), field.types[0],
+                                     sub_type=sub_type)
 
     def add_matrix(name: str, rows: int, columns: int) -> None:
-        array, raw_dtype = weight((rows, columns))
+        array, raw_dtype = weight(name, (rows, columns))
         writer.add_tensor(name, array, raw_dtype=raw_dtype)
 
     add_matrix("token_embd.weight", s.vocabulary, s.width)
@@ -86,7 +90,19 @@ def write(path: Path, architecture: str, shape: Shape, weight: Callable[[tuple[i
                                     ("attn_output", s.width, q), ("ffn_gate", s.inner, s.width),
                                     ("ffn_up", s.inner, s.width), ("ffn_down", s.width, s.inner)]:
             add_matrix(f"blk.{i}.{name}.weight", rows, columns)
+            if architecture in BIASED and name in ("attn_q", "attn_k", "attn_v"):
+                writer.add_tensor(f"blk.{i}.{name}.bias", norm(rows))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _padded(name: str, value, vocabulary: int):
+    """A placeholder token for each embedding row past the tokenizer's ("[PAD151936]", unused),
+    as llama.cpp's converter writes a Qwen2.5 7B's 152,064 rows around 151,665 tokens."""
+    if name == "tokenizer.ggml.tokens":
+        return value + [f"[PAD{i}]" for i in range(len(value), vocabulary)]
+    if name == "tokenizer.ggml.token_type":
+        return value + [int(gguf.TokenType.UNUSED)] * (vocabulary - len(value))
+    return value
