@@ -130,3 +130,17 @@ def test_a_peer_that_dies_on_this_cpu_is_left_out_with_the_reason(monkeypatch, t
         "llama.cpp failed to load the files or run a 64-token batch here (no such file)")
     monkeypatch.setattr(llama_peer, "_SMOKE_TEST", "import sys; assert sys.argv[1:] == ['m.gguf', '2', 't.gguf']")
     assert llama_peer.crash_reason(Path("m.gguf"), 2, Path("t.gguf")) is None
+
+
+def test_the_peers_memory_is_read_from_a_process_of_its_own(monkeypatch):
+    """llama.cpp's memory for the table: a child process holding both models (as a user's
+    llama.cpp would, without the benchmark's second instance of the target) reports its resident
+    size; a child that fails gives no figure rather than ending the benchmark."""
+    from pathlib import Path
+
+    from app.bench import llama_peer
+
+    monkeypatch.setattr(llama_peer, "_MEMORY", "import sys; assert sys.argv[1:] == ['2', '4096', 't.gguf', 'd.gguf']; print(123)")
+    assert llama_peer.memory_bytes(Path("t.gguf"), Path("d.gguf"), 2) == 123
+    monkeypatch.setattr(llama_peer, "_MEMORY", "import sys; sys.exit('cannot load')")
+    assert llama_peer.memory_bytes(Path("t.gguf"), Path("d.gguf"), 2) is None

@@ -22,6 +22,7 @@ from ..engine.sampling import SamplingParams
 
 N_DRAFT_MAX = 8
 DRAFT_P_MIN = 0.75
+CONTEXT = 4096  # tokens: the long prompt and its answer fit
 
 
 def unavailable_reason() -> str | None:
@@ -70,6 +71,30 @@ def crash_reason(gguf: Path, threads: int, *others: Path) -> str | None:
     return f"llama.cpp failed to load the files or run a 64-token batch here ({last_line}); left out"
 
 
+# Both models loaded as a user's llama.cpp holds them (one context each, at the peer's length),
+# each after a batch, in a child process of their own: the peer's speculative mode keeps a second
+# instance of the target, whose buffers a user's llama.cpp would not hold.
+_MEMORY = """
+import sys, psutil
+from llama_cpp import Llama
+models = [Llama(path, n_ctx=int(sys.argv[2]), n_threads=int(sys.argv[1]), verbose=False) for path in sys.argv[3:]]
+for model in models:
+    model.eval(list(range(1, 65)))
+print(psutil.Process().memory_info().rss)
+"""
+
+
+def memory_bytes(target_gguf: Path, draft_gguf: Path, threads: int) -> int | None:
+    """The resident memory of a process holding llama.cpp's target and draft, each having read a
+    64-token batch (its mapped files' pages count as touched, as ours do); None if it fails."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _MEMORY, str(threads), str(CONTEXT), str(target_gguf), str(draft_gguf)],
+                          capture_output=True, text=True, timeout=600)
+    return int(done.stdout.split()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+
+
 def gguf_path(source: str, progress) -> Path:
     """The GGUF file of a source; the default pair is assembled from its installed parts."""
     packaged = default_models.DEFAULTS.get(source)
@@ -83,7 +108,7 @@ class LlamaPeer:
                  sampling: SamplingParams = SamplingParams(), seed: int = 0) -> None:
         from llama_cpp import Llama
 
-        common = {"n_ctx": 4096, "n_threads": threads, "n_threads_batch": threads, "verbose": False}
+        common = {"n_ctx": CONTEXT, "n_threads": threads, "n_threads_batch": threads, "verbose": False}
         # Plain decoding needs only the last logits; verification needs every row of the batch.
         # Both target instances map the same file, so the weights are in memory once.
         self.target = Llama(str(target_gguf), logits_all=False, **common)

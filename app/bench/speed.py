@@ -256,7 +256,7 @@ def run_speed(args: argparse.Namespace) -> dict:
         modes["hf_assisted_default"] = hf_assisted(target, draft, None, options)
         for k in (int(v) for v in args.hf_k.split(",") if v):
             modes[f"hf_assisted_k{k}"] = hf_assisted(target, draft, k, options)
-    peer_note, peer = None, None
+    peer_note, peer, peer_rss = None, None, None
     if not args.no_peer and device.type == "cpu":
         peer_note = llama_peer.unavailable_reason()
         if peer_note is None:
@@ -268,6 +268,7 @@ def run_speed(args: argparse.Namespace) -> dict:
             modes["llama.cpp_plain"] = peer.plain
             modes["llama.cpp_speculative"] = peer.speculative
             peer_note = peer.describe()
+            peer_rss = llama_peer.memory_bytes(target_gguf, draft_gguf, torch.get_num_threads())
         print(f"peer: {peer_note}")
 
     print("verify cost (ms per target pass over n tokens):", curve := verify_cost_curve(target))
@@ -322,7 +323,7 @@ def run_speed(args: argparse.Namespace) -> dict:
             "draft_vocabulary": engine.draft_vocabulary.common if engine.draft_vocabulary else "all",
         },
         "memory": {"target_bytes": target.memory_bytes, "draft_bytes": draft.memory_bytes,
-                   "process_rss_in_use_bytes": rss_in_use},
+                   "process_rss_in_use_bytes": rss_in_use, "llama_cpp_rss_bytes": peer_rss},
         "follow_up": _follow_up_summary([r["follow_up"] for r in per_prompt if "follow_up" in r]),
         "long_prompt": long,
         "restarted": restarted,
@@ -416,7 +417,9 @@ def format_table(result: dict) -> str:
                  f"draft: {result['draft_cost_ms']}")
     lines.append(f"memory: target {memory['target_bytes'] / 2**30:.2f} GiB ({result['config']['precision']}), "
                  f"draft {memory['draft_bytes'] / 2**30:.2f} GiB ({result['config']['draft_precision']}), "
-                 f"process RSS with both in use {memory['process_rss_in_use_bytes'] / 2**30:.2f} GiB")
+                 f"process RSS with both in use {memory['process_rss_in_use_bytes'] / 2**30:.2f} GiB"
+                 + (f"; llama.cpp holding both (a process of its own, one context of {llama_peer.CONTEXT:,} tokens "
+                    f"each) {memory['llama_cpp_rss_bytes'] / 2**30:.2f} GiB" if memory.get("llama_cpp_rss_bytes") else ""))
     if result["config"].get("peer"):
         lines.append(f"peer: {result['config']['peer']}")
     return "\n".join(lines)
