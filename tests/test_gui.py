@@ -839,3 +839,47 @@ def test_thinking_switches_off_where_the_chat_template_can(qtbot, make_window, t
     assert prompts[-1][-2:] == empty_thinking
     window.save_settings()
     assert not make_window().controls.thinking.isChecked()
+
+
+def test_add_model_picks_a_file_or_folder_and_refuses_a_missing_path(qtbot, make_window, tmp_path, monkeypatch):
+    """Add model... opens a dialog with file and folder pickers (a desktop user does not type
+    paths); a path that does not exist is named there and joins no picker; a hub id is taken as
+    typed; the chosen file's folder is where the next pick starts."""
+    from PySide6.QtWidgets import QDialogButtonBox, QFileDialog
+
+    from app.ui.model_dialog import AddModelDialog
+
+    gguf = tmp_path / "models" / "some-model.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    dialog = AddModelDialog(None, str(tmp_path))
+    qtbot.addWidget(dialog)
+    assert not dialog.buttons.button(QDialogButtonBox.Ok).isEnabled()
+    dialog.source.setText(str(tmp_path / "nowhere.gguf"))
+    dialog.accept()
+    assert dialog.result() != AddModelDialog.Accepted and not dialog.problem.isHidden()
+    assert "No such file or folder" in dialog.problem.text()
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *args: (str(gguf), "GGUF models (*.gguf)"))
+    dialog.choose_file()
+    assert dialog.chosen() == str(gguf) and dialog.problem.isHidden()
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *args: str(tmp_path / "models"))
+    dialog.choose_folder()
+    assert dialog.chosen() == str(tmp_path / "models")
+    dialog.source.setText("Qwen/Qwen2.5-0.5B-Instruct")
+    dialog.accept()
+    assert dialog.result() == AddModelDialog.Accepted
+
+    window = make_window()
+    picked = []
+
+    def exec_(self):
+        picked.append(self.start_folder)
+        self.source.setText(str(gguf))
+        return AddModelDialog.Accepted
+
+    monkeypatch.setattr(AddModelDialog, "exec", exec_)
+    window.add_model()
+    assert window.controls.target.findData(str(gguf)) >= 0 and window.controls.draft.findData(str(gguf)) >= 0
+    count = window.controls.target.count()
+    window.add_model()
+    assert picked[-1] == str(gguf.parent) and window.controls.target.count() == count

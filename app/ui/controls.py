@@ -34,7 +34,7 @@ class ControlsPanel(QTabWidget):
         for label, source in DEFAULT_DRAFTS:
             self.draft.addItem(label, source)
         self.add_model = QPushButton("Add model...")
-        self.add_model.setToolTip("A Hugging Face model folder, a .gguf file, or a hub id in the local cache")
+        self.add_model.setToolTip("A .gguf file or a Hugging Face model folder from disk, or a hub id in the local cache")
         self.precision = QComboBox()
         self.draft_precision = QComboBox()
         for combo, default in ((self.precision, LOAD_DEFAULTS.precision), (self.draft_precision, LOAD_DEFAULTS.draft_precision)):

@@ -24,6 +24,7 @@ from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
 from .controls import ControlsPanel
+from .model_dialog import AddModelDialog
 from .render import RenderOptions, code_blocks, without_thinking
 from .theme import RESOURCES, SOURCE_HELP, THEMES
 from .worker import GenerationWorker, Loader
@@ -376,10 +377,13 @@ class MainWindow(QMainWindow):
         self.models_ready.emit()
 
     def add_model(self) -> None:
-        source, ok = QInputDialog.getText(self, "Add model", "Model folder, .gguf file, or hub id in the local cache:")
-        if not ok or not source.strip():
+        dialog = AddModelDialog(self, self.settings.value("model_folder", "", str))
+        if dialog.exec() != AddModelDialog.Accepted:
             return
-        self.add_model_source(source.strip())
+        source = dialog.chosen()
+        if Path(source).expanduser().exists():
+            self.settings.setValue("model_folder", str(Path(source).expanduser().resolve().parent))
+        self.add_model_source(source)
 
     def add_model_source(self, source: str) -> None:
         """Adds a model to both pickers; flags it as a draft when its vocabulary differs."""
