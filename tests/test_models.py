@@ -232,3 +232,31 @@ def test_stored_tensors_are_read_whole_into_one_buffer_or_refused(tmp_path):
         (tmp_path / "d.safetensors").write_bytes(damaged)
         with pytest.raises(ValueError):
             read_in_huge_pages(tmp_path / "d.safetensors")
+
+
+def test_a_model_too_large_for_this_machine_is_refused_before_it_loads(tmp_path, monkeypatch):
+    """A GGUF that cannot fit the machine's memory even with nothing else running (a 32B on a
+    16 GB laptop) is refused with the sizes named, before a byte of it is read; so is a folder
+    whose float32 weights cannot; the same folder loads where it fits."""
+    from app.engine import memory_check
+
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(memory_check, "_total_memory", lambda: 16 * 2**30)
+    huge = tmp_path / "qwen2.5-32b-q4_k_m.gguf"
+    with open(huge, "wb") as handle:
+        handle.truncate(19 * 2**30)  # sparse: its size, no data
+    with pytest.raises(ModelError, match=r"needs about 25\.6 GiB of memory while its first start repacks it, "
+                                         r"and this machine has 16\.0 GiB in all"):
+        load_model(str(huge))
+    assert not (tmp_path / "cache" / "models").exists() or not any((tmp_path / "cache" / "models").iterdir())
+
+    folder = tmp_path / "tiny"
+    tiny = tiny_model(seed=1)
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    weights = sum(p.numel() for p in tiny.model.state_dict().values() if p is not None)
+    monkeypatch.setattr(memory_check, "_total_memory", lambda: int(memory_check.RESERVE) + 4 * weights - 1)
+    with pytest.raises(ModelError, match="as float32, and this machine has .* Pick a smaller model, or the low-bit"):
+        load_model(str(folder), precision="fp32")
+    monkeypatch.setattr(memory_check, "_total_memory", lambda: int(memory_check.RESERVE) + 4 * weights)
+    assert load_model(str(folder), precision="fp32").precision == "fp32"

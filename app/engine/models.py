@@ -35,6 +35,7 @@ from .lowbit.cpu import machine_isa
 from .lowbit.kernel import KERNEL_NAMES, build_in_background, why_not_native
 from .lowbit.memory import give_back_freed_memory
 from .lowbit.modules import quantize_model
+from .memory_check import check_fits
 from .tokenizer_cache import folder_tokenizer
 
 if TYPE_CHECKING:  # transformers' modeling code takes seconds to import: only where a load needs it
@@ -119,6 +120,8 @@ def load_model(
             kernel_note = (f", slow path: {slow_path}" if slow_path is not None
                            else f", {kernel_name} kernel" if kernel_name else "")
             return LoadedModel(name, model, tokenizer, f"{precision.value}{kernel_note}")
+        if on_cpu:
+            check_fits(name, None if packaged else Path(source).expanduser(), None, precision, prepared=False)
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)
         model = _from_pretrained(folder, dtype=dtype, **_local_only(folder))
@@ -151,6 +154,7 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     bits, feed_forward_bits = precision.requantized_bits
     path = Path(source).expanduser()
     if packaged is None and path.suffix.lower() != ".gguf":  # a float model folder or hub id
+        check_fits(path.name or source, path, None, precision, prepared=False)  # read as float32 first
         folder = _prepared_source(source, report)
         report(f"Quantizing {path.name or source} to {bits or 8} bits", None)
         model = _from_pretrained(folder, dtype=torch.float32, **_local_only(folder))
@@ -161,6 +165,8 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
         folder = cache_dir() / f"{path.stem}-{_file_key(path)}-{precision.value}"
+    check_fits(packaged.name if packaged else path.name, None if packaged else path, packaged.size if packaged else None,
+               precision, prepared=lowbit_store.is_complete(folder))
     if lowbit_store.is_complete(folder):
         report(f"Loading {folder.name}", None)
         try:
