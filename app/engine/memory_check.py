@@ -9,8 +9,7 @@ The estimate is the memory the load needs at its peak:
 - float32 (and int8, which is quantized from it): 4 bytes per weight;
 - a model folder: 4 bytes per weight whatever it asks, since it is read as float32 first.
 Only a model that cannot fit even with nothing else running is refused: the memory other
-programs hold now may be given back, and the system may swap some; a model the window is
-replacing is freed before the next loads (model_cache).
+programs hold now may be given back, and the system may swap some.
 """
 from __future__ import annotations
 
@@ -50,7 +49,11 @@ def needed_bytes(path: Path | None, size: int | None, precision: Precision, prep
         if prepared:
             return file_size, "at low bit"
         return int(file_size * REPACK_PEAK), "while its first start repacks it"
-    weights = _gguf_weights(path) if gguf and path is not None else _folder_weights(path) if path is not None and path.is_dir() else None
+    weights = None
+    if gguf and path is not None:
+        weights = _gguf_weights(path)
+    elif path is not None and path.is_dir():
+        weights = _folder_weights(path)
     if weights is None:
         return None, ""
     return 4 * weights, f"to read its {weights / 1e9:.1f} billion weights as float32"
