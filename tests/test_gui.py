@@ -322,28 +322,41 @@ def test_stop_cancels_generation(qtbot, make_window):
 
 
 def test_incompatible_draft_is_refused_with_a_message(qtbot, make_window):
+    """The refused draft is named, and the pair that last loaded comes back rather than none."""
     window = make_window()
     window.controls.add_source("foreign", "foreign-draft")
     with qtbot.waitSignal(window.loader.loaded, timeout=10_000):
         window.controls.draft.setCurrentIndex(window.controls.draft.findData("foreign-draft"))
-    assert window.engine is None
     assert "do not share a vocabulary" in window.last_error and "64 tokens" in window.last_error
     index = window.controls.draft.findData("foreign-draft")
     assert window.controls.draft.itemText(index).endswith("(different vocabulary)")
-    assert not window.send_button.isEnabled()
+    assert window.controls.draft_source() == "default-draft"
+    qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
+    assert window.engine.draft.name == "tiny-1" and window.send_button.isEnabled()
 
 
 def test_a_missing_model_file_is_a_message_and_does_not_blame_the_draft(qtbot, make_window):
-    window = make_window()
+    window = make_window(draft="other-draft")
     window.controls.add_source("gone", "missing-target")  # not in tiny_models: the loader raises
     with qtbot.waitSignal(window.loader.loaded, timeout=10_000):
         window.controls.target.setCurrentIndex(window.controls.target.findData("missing-target"))
-    assert window.engine is None and "missing-target" in window.last_error
+    assert "missing-target" in window.last_error
     assert not any(window.controls.draft.itemText(i).endswith("(different vocabulary)")
                    for i in range(window.controls.draft.count()))
-    with qtbot.waitSignal(window.loader.loaded, timeout=10_000):  # picking a good one again works
-        window.controls.target.setCurrentIndex(window.controls.target.findData("default-target"))
-    assert window.engine is not None
+    # back to the pair that worked, loaded again; the settings keep it for the next start
+    assert (window.controls.target_source(), window.controls.draft_source()) == ("default-target", "other-draft")
+    qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
+    assert window.engine.draft.name == "tiny-2"
+    window.save_settings()
+    assert make_window().controls.target_source() == "default-target"
+
+
+def test_a_saved_choice_that_no_longer_loads_falls_back_to_the_default_pair(qtbot, make_window):
+    """A target saved at the last exit whose file is gone: the start names it and loads the
+    default pair instead of leaving the window without models."""
+    window = make_window(target="missing-target", extra_models=["other-draft", "missing-target"])
+    assert "missing-target" in window.last_error
+    assert window.controls.target_source() == "default-target" and window.engine is not None
 
 
 def test_saved_chat_reloads_with_colours_after_restart(qtbot, make_window):

@@ -180,6 +180,15 @@ class ControlsPanel(QTabWidget):
                            draft_precision=Precision(self.draft_precision.currentData()),
                            kv_cache=self.kv_cache.currentData())
 
+    def show_load_options(self, options: LoadOptions) -> None:
+        """The pickers set to `options` without a load for each (the caller loads once)."""
+        for combo, value in ((self.target, options.target), (self.draft, options.draft),
+                             (self.precision, options.precision.value), (self.draft_precision, options.draft_precision.value),
+                             (self.kv_cache, options.kv_cache)):
+            combo.blockSignals(True)
+            combo.setCurrentIndex(max(combo.findData(value), 0))
+            combo.blockSignals(False)
+
     def target_source(self) -> str:
         return self.target.currentData()
 

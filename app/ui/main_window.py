@@ -20,6 +20,7 @@ from ..chat.store import ChatStore, StoreError
 from ..engine.choices import ProposerKind
 from ..engine.errors import IncompatibleModelsError, ModelError
 from ..engine.model_cache import ModelCache
+from ..options import LoadOptions
 from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
@@ -71,6 +72,7 @@ class MainWindow(QMainWindow):
         self.loader = Loader()
         self.progress: QProgressDialog | None = None
         self.loading = False  # models are being loaded for the current choice
+        self._loaded_options: LoadOptions | None = None  # the choice that last loaded: a failed one goes back to it
         self._send_when_ready = False  # a message sent while they loaded goes as soon as they are there
         # chats deleted before an engine was there (prompt messages, thinking): the models' saved
         # copies of them go once it is
@@ -359,8 +361,15 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Models not loaded")
             if result.incompatible_draft:
                 self.controls.mark_draft_incompatible(result.incompatible_draft, result.error)
+            # Back to the pair that last loaded (its prepared copies load in seconds), or at the start
+            # to the default pair (a saved choice whose file is gone), rather than leaving none.
+            fallback = self._loaded_options or LoadOptions()
+            if self.controls.load_options() != fallback:
+                self.controls.show_load_options(fallback)
+                self.load_models()
             self.show_error("Cannot use these models", result.error or "unknown error")
             return
+        self._loaded_options = self.controls.load_options()
         self.engine = result.engine
         target, draft = self.engine.target, self.engine.draft
         self.controls.thinking.setEnabled(switches_thinking(target.tokenizer))
