@@ -73,6 +73,7 @@ class MainWindow(QMainWindow):
         self.progress: QProgressDialog | None = None
         self.loading = False  # models are being loaded for the current choice
         self._loaded_options: LoadOptions | None = None  # the choice that last loaded: a failed one goes back to it
+        self.last_error: str | None = None  # the latest message shown in an error box
         self._send_when_ready = False  # a message sent while they loaded goes as soon as they are there
         # chats deleted before an engine was there (prompt messages, thinking): the models' saved
         # copies of them go once it is
