@@ -361,6 +361,23 @@ def test_a_saved_choice_that_no_longer_loads_falls_back_to_the_default_pair(qtbo
     assert window.controls.target_source() == "default-target" and window.engine is not None
 
 
+def test_a_saved_model_whose_file_is_gone_is_marked_in_the_pickers(qtbot, make_window, tmp_path):
+    """A model added in an earlier run whose file has since been deleted stays listed (a drive may
+    be back later), marked, with the reason in its tooltip."""
+    gone = str(tmp_path / "deleted.gguf")
+    window = make_window(extra_models=["other-draft", gone])
+    for combo in (window.controls.target, window.controls.draft):
+        index = combo.findData(gone)
+        assert combo.itemText(index) == "deleted.gguf  (file not found)"
+        assert "No such file or folder" in combo.itemData(index, Qt.ToolTipRole)
+    assert window.controls.draft.itemText(window.controls.draft.findData("other-draft")) == "other-draft"
+    (tmp_path / "deleted.gguf").write_bytes(b"GGUF")  # the file is back and added again
+    window.add_model_source(gone)
+    assert window.controls.target.itemText(window.controls.target.findData(gone)) == "deleted.gguf"
+    draft = window.controls.draft  # its pair check (not a readable GGUF) is over before the test ends
+    qtbot.waitUntil(lambda: draft.itemText(draft.findData(gone)).endswith("(different vocabulary)"), timeout=20_000)
+
+
 def test_saved_chat_reloads_with_colours_after_restart(qtbot, make_window):
     # fixed k: the cost-aware policy may rightly decode a short answer of the tiny models plainly
     window = make_window(draft="other-draft", k=3, adaptive=False)

@@ -13,6 +13,7 @@ from ..options import DEFAULTS, LOAD_DEFAULTS, LoadOptions
 DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
 DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]
 INCOMPATIBLE = "  (different vocabulary)"
+MISSING = "  (file not found)"
 CACHE_LABELS = {"float16": "float16 (half the memory)", "float32": "float32 (the reference's rounding)"}
 PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.BITS4: "4-bit",
                     Precision.BITS3: "3-bit feed-forward, 4-bit rest",
@@ -195,10 +196,17 @@ class ControlsPanel(QTabWidget):
     def draft_source(self) -> str:
         return self.draft.currentData()
 
-    def add_source(self, label: str, source: str) -> None:
+    def add_source(self, label: str, source: str, missing: str | None = None) -> None:
+        """missing: why the source's file or folder cannot be found (marked in the pickers)."""
         for combo in (self.target, self.draft):
-            if combo.findData(source) < 0:
-                combo.addItem(label, source)
+            index = combo.findData(source)
+            if index < 0:
+                combo.addItem(label + (MISSING if missing else ""), source)
+                if missing:
+                    combo.setItemData(combo.count() - 1, missing, Qt.ToolTipRole)
+            elif not missing and combo.itemText(index).endswith(MISSING):  # added again, found again
+                combo.setItemText(index, label)
+                combo.setItemData(index, None, Qt.ToolTipRole)
 
     def mark_draft_incompatible(self, source: str, reason: str) -> None:
         index = self.draft.findData(source)

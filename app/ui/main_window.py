@@ -25,7 +25,7 @@ from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
 from .controls import ControlsPanel
-from .model_dialog import AddModelDialog
+from .model_dialog import AddModelDialog, missing_reason
 from .render import RenderOptions, code_blocks, without_thinking
 from .theme import RESOURCES, SOURCE_HELP, THEMES
 from .worker import GenerationWorker, Loader
@@ -243,8 +243,8 @@ class MainWindow(QMainWindow):
         for key, splitter in self.splitters.items():
             if s.value(key) is not None:
                 splitter.restoreState(s.value(key))
-        for source in s.value("extra_models", [], list) or []:
-            c.add_source(Path(source).name or source, source)
+        for source in s.value("extra_models", [], list) or []:  # a file gone since is marked, not dropped
+            c.add_source(Path(source).name or source, source, missing=missing_reason(source))
         # Unset keys keep the controls' own values, which are the shared defaults.
         for combo, key in ((c.target, "target"), (c.draft, "draft"), (c.precision, "precision"),
                            (c.draft_precision, "draft_precision"), (c.kv_cache, "kv_cache")):

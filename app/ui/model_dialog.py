@@ -57,7 +57,7 @@ class AddModelDialog(QDialog):
         return self.source.text().strip()
 
     def accept(self) -> None:
-        reason = _missing(self.chosen())
+        reason = missing_reason(self.chosen())
         if reason:
             self.problem.setText(reason)
             self.problem.show()
@@ -69,7 +69,7 @@ class AddModelDialog(QDialog):
         self.buttons.button(QDialogButtonBox.Ok).setEnabled(bool(text.strip()))
 
 
-def _missing(source: str) -> str | None:
+def missing_reason(source: str) -> str | None:
     """Why a source that reads as a local path cannot be added (None for one that exists, and for a
     hub id: only loading it can tell whether the local cache holds it)."""
     path = Path(source).expanduser()
