@@ -181,14 +181,16 @@ class ControlsPanel(QTabWidget):
                            draft_precision=Precision(self.draft_precision.currentData()),
                            kv_cache=self.kv_cache.currentData())
 
+    def load_pickers(self) -> tuple[tuple[QComboBox, str], ...]:
+        """The pickers that choose what loads, with their LoadOptions field (also their setting's key)."""
+        return ((self.target, "target"), (self.draft, "draft"), (self.precision, "precision"),
+                (self.draft_precision, "draft_precision"), (self.kv_cache, "kv_cache"))
+
     def show_load_options(self, options: LoadOptions) -> None:
         """The pickers set to `options` without a load for each (the caller loads once)."""
-        for combo, value in ((self.target, options.target), (self.draft, options.draft),
-                             (self.precision, options.precision.value), (self.draft_precision, options.draft_precision.value),
-                             (self.kv_cache, options.kv_cache)):
-            combo.blockSignals(True)
-            combo.setCurrentIndex(max(combo.findData(value), 0))
-            combo.blockSignals(False)
+        for combo, field_name in self.load_pickers():
+            value = getattr(options, field_name)
+            select_quietly(combo, getattr(value, "value", value))  # a Precision as its stored text
 
     def target_source(self) -> str:
         return self.target.currentData()
@@ -218,3 +220,10 @@ class ControlsPanel(QTabWidget):
         self.draft.setItemData(index, reason, Qt.ToolTipRole)
         if item is not None:
             item.setEnabled(False)
+
+
+def select_quietly(combo: QComboBox, value) -> None:
+    """The item holding `value` (the first when none does) chosen without a models_changed for it."""
+    combo.blockSignals(True)
+    combo.setCurrentIndex(max(combo.findData(value), 0))
+    combo.blockSignals(False)

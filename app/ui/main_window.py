@@ -24,7 +24,7 @@ from ..options import LoadOptions
 from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
-from .controls import ControlsPanel
+from .controls import ControlsPanel, select_quietly
 from .model_dialog import AddModelDialog, missing_reason
 from .render import RenderOptions, code_blocks, without_thinking
 from .theme import RESOURCES, SOURCE_HELP, THEMES
@@ -245,12 +245,10 @@ class MainWindow(QMainWindow):
                 splitter.restoreState(s.value(key))
         for source in s.value("extra_models", [], list) or []:  # a file gone since is marked, not dropped
             c.add_source(Path(source).name or source, source, missing=missing_reason(source))
-        # Unset keys keep the controls' own values, which are the shared defaults.
-        for combo, key in ((c.target, "target"), (c.draft, "draft"), (c.precision, "precision"),
-                           (c.draft_precision, "draft_precision"), (c.kv_cache, "kv_cache")):
-            combo.blockSignals(True)  # one model load after all of them, not one per combo
-            combo.setCurrentIndex(max(combo.findData(s.value(key, combo.currentData())), 0))
-            combo.blockSignals(False)
+        # Unset keys keep the controls' own values, which are the shared defaults; one model load
+        # after all of them, not one per picker.
+        for combo, key in c.load_pickers():
+            select_quietly(combo, s.value(key, combo.currentData()))
         c.speculative.setChecked(s.value("speculative", c.speculative.isChecked(), bool))
         c.k.setValue(s.value("k", c.k.value(), int))
         c.adaptive.setChecked(s.value("adaptive", c.adaptive.isChecked(), bool))
@@ -272,9 +270,7 @@ class MainWindow(QMainWindow):
     def save_settings(self) -> None:
         s, c = self.settings, self.controls
         options = c.generation_options()
-        for key, value in [("target", c.target_source()), ("draft", c.draft_source()),
-                           ("precision", c.precision.currentData()), ("draft_precision", c.draft_precision.currentData()),
-                           ("kv_cache", c.kv_cache.currentData()),
+        for key, value in [*((key, combo.currentData()) for combo, key in c.load_pickers()),
                            ("speculative", options.speculative), ("k", options.k), ("adaptive", options.adaptive),
                            ("lookup", c.lookup.isChecked()),
                            ("proposer", options.proposer.value), ("temperature", options.sampling.temperature),
