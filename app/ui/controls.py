@@ -14,6 +14,7 @@ DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
 DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]
 INCOMPATIBLE = "  (different vocabulary)"
 MISSING = "  (file not found)"
+UNREADABLE = "  (cannot be read)"
 CACHE_LABELS = {"float16": "float16 (half the memory)", "float32": "float32 (the reference's rounding)"}
 PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.BITS4: "4-bit",
                     Precision.BITS3: "3-bit feed-forward, 4-bit rest",
@@ -203,23 +204,36 @@ class ControlsPanel(QTabWidget):
         for combo in (self.target, self.draft):
             index = combo.findData(source)
             if index < 0:
-                combo.addItem(label + (MISSING if missing else ""), source)
+                combo.addItem(label, source)
                 if missing:
-                    combo.setItemData(combo.count() - 1, missing, Qt.ToolTipRole)
-            elif not missing and combo.itemText(index).endswith(MISSING):  # added again, found again
+                    mark(combo, combo.count() - 1, MISSING, missing)
+            elif not missing and combo.itemText(index).endswith((MISSING, UNREADABLE)):  # added again, found again
                 combo.setItemText(index, label)
                 combo.setItemData(index, None, Qt.ToolTipRole)
 
     def mark_draft_incompatible(self, source: str, reason: str) -> None:
+        """A draft whose vocabulary differs from the target's: marked and no longer offered."""
         index = self.draft.findData(source)
         if index < 0:
             return
+        mark(self.draft, index, INCOMPATIBLE, reason)
         item = self.draft.model().item(index) if isinstance(self.draft.model(), QStandardItemModel) else None
-        if not self.draft.itemText(index).endswith(INCOMPATIBLE):
-            self.draft.setItemText(index, self.draft.itemText(index) + INCOMPATIBLE)
-        self.draft.setItemData(index, reason, Qt.ToolTipRole)
         if item is not None:
             item.setEnabled(False)
+
+    def mark_unreadable(self, source: str, reason: str) -> None:
+        """A model whose tokenizer cannot be read (a damaged or foreign file): marked in both pickers
+        but still offered, since the file may be mended; loading it names the reason again."""
+        for combo in (self.target, self.draft):
+            if (index := combo.findData(source)) >= 0:
+                mark(combo, index, UNREADABLE, reason)
+
+
+def mark(combo: QComboBox, index: int, suffix: str, reason: str) -> None:
+    """The item's label followed by `suffix` (once), and `reason` as its tooltip."""
+    if not combo.itemText(index).endswith(suffix):
+        combo.setItemText(index, combo.itemText(index) + suffix)
+    combo.setItemData(index, reason, Qt.ToolTipRole)
 
 
 def select_quietly(combo: QComboBox, value) -> None:

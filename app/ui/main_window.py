@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -392,7 +393,8 @@ class MainWindow(QMainWindow):
         self.add_model_source(source)
 
     def add_model_source(self, source: str) -> None:
-        """Adds a model to both pickers; flags it as a draft when its vocabulary differs."""
+        """Adds a model to both pickers; flags it as a draft when its vocabulary differs, and in both
+        when its tokenizer cannot be read."""
         self.controls.add_source(Path(source).name or source, source)
         extra = self.settings.value("extra_models", [], list) or []
         if source not in extra:
@@ -401,16 +403,18 @@ class MainWindow(QMainWindow):
             return
         target = self.engine.target
 
-        def job(report) -> str | None:
+        def job(report) -> tuple[Callable[[str, str], None], str] | None:
             from ..engine.models import load_tokenizer, vocabulary_mismatch
 
             try:
-                return vocabulary_mismatch(load_tokenizer(source), target.tokenizer, source, target.name)
+                tokenizer = load_tokenizer(source)
             except ModelError as error:
-                return str(error)
+                return self.controls.mark_unreadable, str(error)
+            mismatch = vocabulary_mismatch(tokenizer, target.tokenizer, source, target.name)
+            return (self.controls.mark_draft_incompatible, mismatch) if mismatch else None
 
         checker = Loader(self)
-        checker.loaded.connect(lambda reason: reason and self.controls.mark_draft_incompatible(source, reason))
+        checker.loaded.connect(lambda found: found and found[0](source, found[1]))
         checker.run(job)
 
     # ---- chats --------------------------------------------------------------------------
