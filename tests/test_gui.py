@@ -921,3 +921,39 @@ def test_add_model_picks_a_file_or_folder_and_refuses_a_missing_path(qtbot, make
     count = window.controls.target.count()
     window.add_model()
     assert picked[-1] == str(gguf.parent) and window.controls.target.count() == count
+
+
+def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtbot, make_window, tmp_path, monkeypatch):
+    """File > Prepared models on disk...: each copy with its size, last use and source (a missing
+    file said so); the loaded pair's copies are not offered for deletion; Delete frees the others."""
+    import json
+
+    from app.engine import prepared
+
+    window = make_window(draft_precision="4bit")  # the 3-bit draft copy is not in use
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))  # once loaded (the kernel's build is cached)
+    models = tmp_path / "cache" / "models"
+    notes = {"Qwen2.5-Coder-1.5B-Instruct-lowbit": ("default-target", "lowbit"),  # the pair loaded now
+             "Qwen2.5-Coder-0.5B-Instruct-3bit": ("default-draft", "3bit"),
+             "old-0123456789abcdef-lowbit": (str(tmp_path / "deleted.gguf"), "lowbit")}
+    for name, (source, precision) in notes.items():
+        (models / name).mkdir(parents=True)
+        (models / name / "lowbit.safetensors").write_bytes(b"x" * 3_000_000)
+        (models / name / prepared.NOTE).write_text(json.dumps({"source": source, "precision": precision}))
+    (models / "Qwen2.5-Coder-0.5B-Instruct.gguf").write_bytes(b"y" * 500_000)  # assembled for the peer
+    dialog = window.show_prepared_models()
+    rows = {dialog.table.item(r, 0).text(): [dialog.table.item(r, c).text() for c in range(1, 5)]
+            for r in range(dialog.table.rowCount())}
+    assert rows["Qwen2.5-Coder-1.5B-Instruct (default)  (loaded now)"] == [
+        "Low-bit (GGUF's own blocks)", "3.0 MB", "today", "the installed parts"]
+    assert rows["deleted.gguf"][3] == str(tmp_path / "deleted.gguf") + "  (file not found)"
+    assert rows["Qwen2.5-Coder-0.5B-Instruct.gguf"][3] == "a GGUF file assembled from the installed parts"
+    assert len(rows) == 4 and "4 copies, 9.5 MB in " in dialog.summary.text()
+    assert not dialog.delete_button.isEnabled()
+    dialog.table.selectAll()  # the loaded copy's row cannot be selected
+    assert sorted(c.path.name for c in dialog.selected()) == [
+        "Qwen2.5-Coder-0.5B-Instruct-3bit", "Qwen2.5-Coder-0.5B-Instruct.gguf", "old-0123456789abcdef-lowbit"]
+    dialog.delete_button.click()
+    assert [p.name for p in models.iterdir()] == ["Qwen2.5-Coder-1.5B-Instruct-lowbit"]
+    assert dialog.table.rowCount() == 1 and "1 copy, 3.0 MB" in dialog.summary.text()
+    dialog.close()

@@ -260,3 +260,65 @@ def test_a_model_too_large_for_this_machine_is_refused_before_it_loads(tmp_path,
         load_model(str(folder), precision="fp32")
     monkeypatch.setattr(memory_check, "_total_memory", lambda: int(memory_check.RESERVE) + 4 * weights)
     assert load_model(str(folder), precision="fp32").precision == "fp32"
+
+
+def test_prepared_copies_are_listed_and_a_changed_files_old_copy_is_dropped(tmp_path, monkeypatch):
+    """Every low-bit start notes the copy's source and use; a GGUF replaced under the same name (a
+    new download: another size or time) gets a new copy and the old one, which nothing could load
+    again, goes. Copies of another file, or of the same file at another precision, stay."""
+    import os
+
+    from app.engine import models, prepared
+    from app.engine.lowbit import loader, store
+    from app.engine.lowbit.modules import quantize_model
+
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loader, "load_gguf_lowbit", lambda *_, **__: quantize_model(tiny_model(seed=1).model, 8))
+    monkeypatch.setattr(models, "_gguf_tokenizer", lambda path, model_type: tiny_model(seed=1).tokenizer)
+    gguf, other = tmp_path / "model.gguf", tmp_path / "other.gguf"
+    for path in (gguf, other):
+        path.write_bytes(b"GGUF")  # only name, size and time key a copy here
+    load_model(str(gguf))
+    load_model(str(other))
+    load_model(str(gguf), precision=Precision.BITS4)
+    (first, *_) = [c for c in prepared.copies() if c.source == str(gguf) and c.precision == "lowbit"]
+    assert store.is_complete(first.path) and first.size > 0 and not first.source_missing
+    assert prepared.age_in_words(first.last_used) == "today"
+
+    os.utime(gguf, (1e9, 1e9))  # the file changed
+    load_model(str(gguf))
+    listed = {(c.source, c.precision): c for c in prepared.copies()}
+    assert len(listed) == len(prepared.copies()) == 3  # not four: the old lowbit copy went
+    assert not first.path.exists() and listed[str(gguf), "lowbit"].path != first.path
+    assert prepared.copies()[0] == listed[str(gguf), "lowbit"]  # the most recently used first
+
+    other.unlink()  # a copy whose file is gone is shown so, and can be deleted
+    gone = listed[str(other), "lowbit"]
+    assert [c.source_missing for c in prepared.copies() if c.path == gone.path] == [True]
+    prepared.delete(gone)
+    assert not gone.path.exists() and len(prepared.copies()) == 2
+
+
+def test_age_in_words():
+    from app.engine.prepared import age_in_words
+
+    import time
+
+    noon = time.mktime((2001, 9, 9, 12, 0, 0, 0, 0, -1))  # local time
+    assert [age_in_words(noon - hours * 3600, noon) for hours in (11, 13, 24, 120)] == \
+        ["today", "yesterday", "yesterday", "5 days ago"]
+    assert age_in_words(noon - 40 * 86400, noon) == "2001-07-31"
+
+
+def test_copies_prepared_before_they_noted_their_source_are_known_by_their_names(tmp_path, monkeypatch):
+    from app.engine import prepared
+
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
+    for name in ("Qwen2.5-Coder-0.5B-Instruct-3bit", "Qwen2.5-Coder-1.5B-Instruct", "mine-0123456789abcdef-4bit",
+                 "mine-0123456789abcdef-lowbit.partial"):
+        (tmp_path / "models" / name).mkdir(parents=True)
+        (tmp_path / "models" / name / "config.json").write_text("{}")
+    assert sorted((c.path.name, c.source, c.precision) for c in prepared.copies()) == [
+        ("Qwen2.5-Coder-0.5B-Instruct-3bit", "default-draft", "3bit"),
+        ("Qwen2.5-Coder-1.5B-Instruct", "default-target", "fp32"),
+        ("mine-0123456789abcdef-4bit", None, "4bit")]

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from . import default_models
-from .cache import cache_root, written_whole
+from . import default_models, prepared
+from .cache import written_whole
 from .choices import Precision
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
 from .errors import IncompatibleModelsError, ModelError
@@ -84,8 +84,7 @@ def out_of_space(error: BaseException) -> bool:
         "No space left on device" in str(error)
 
 
-def cache_dir() -> Path:
-    return cache_root() / "models"
+cache_dir = prepared.folder  # where prepared copies of models go
 
 
 def pick_device() -> tuple[torch.device, torch.dtype, str]:
@@ -126,6 +125,8 @@ def load_model(
         report(f"Loading {name}", None)
         model = _from_pretrained(folder, dtype=dtype, **_local_only(folder))
         tokenizer = _tokenizer(folder)
+        if isinstance(folder, Path) and folder.parent == cache_dir():  # a float32 copy of a GGUF
+            prepared.note_use(folder, prepared.noted_source(source), prepared.noted_precision(precision))
     except ModelError:
         raise
     except Exception as error:
@@ -170,7 +171,9 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     if lowbit_store.is_complete(folder):
         report(f"Loading {folder.name}", None)
         try:
-            return lowbit_store.load(folder)
+            loaded = lowbit_store.load(folder)
+            prepared.note_use(folder, prepared.noted_source(source), precision.value)
+            return loaded
         except Exception as error:  # a damaged cache (a cut write, a bad disk block): repacked below
             warnings.warn(f"SpecChat: the prepared copy in {folder} could not be read ({error!r}); "
                           "it is prepared again from the GGUF", stacklevel=2)
@@ -193,7 +196,9 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     del model
     gc.collect()
     give_back_freed_memory()  # the GGUF's reading, before the stored copy's buffer is filled
-    return lowbit_store.load(folder)  # as every later start runs it (its own module tree, huge pages)
+    loaded = lowbit_store.load(folder)  # as every later start runs it (its own module tree, huge pages)
+    prepared.note_use(folder, prepared.noted_source(source), precision.value)  # drops a changed file's old copy
+    return loaded
 
 
 def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase:

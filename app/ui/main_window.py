@@ -27,6 +27,7 @@ from .chat_view import ChatView
 from .composer import Composer
 from .controls import ControlsPanel, select_quietly
 from .model_dialog import AddModelDialog, missing_reason
+from .prepared_dialog import PreparedModelsDialog
 from .render import RenderOptions, code_blocks, without_thinking
 from .theme import RESOURCES, SOURCE_HELP, THEMES
 from .worker import GenerationWorker, Loader
@@ -182,6 +183,7 @@ class MainWindow(QMainWindow):
         file_menu.addAction("Insert a text file into the message...", QKeySequence.Open, self.choose_files)
         file_menu.addAction("Export chat as Markdown...", QKeySequence("Ctrl+E"), self.export_markdown)
         file_menu.addAction("Default system prompt...", self.edit_default_system_prompt)
+        file_menu.addAction("Prepared models on disk...", self.show_prepared_models)
         file_menu.addSeparator()
         file_menu.addAction("Quit", QKeySequence.Quit, self.close)
         view_menu = self.menuBar().addMenu("&View")
@@ -416,6 +418,19 @@ class MainWindow(QMainWindow):
         checker = Loader(self)
         checker.loaded.connect(lambda found: found and found[0](source, found[1]))
         checker.run(job)
+
+    def show_prepared_models(self) -> PreparedModelsDialog:
+        """The copies models' first starts wrote, with Delete for those not loaded now (modal in use;
+        returned shown for tests)."""
+        from ..engine.prepared import noted_precision, noted_source
+
+        loaded = self._loaded_options
+        in_use = frozenset() if loaded is None else frozenset(
+            (noted_source(source), noted_precision(precision))
+            for source, precision in ((loaded.target, loaded.precision), (loaded.draft, loaded.draft_precision)))
+        dialog = PreparedModelsDialog(self, in_use)
+        dialog.open()
+        return dialog
 
     # ---- chats --------------------------------------------------------------------------
     @property
