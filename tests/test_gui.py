@@ -957,3 +957,28 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
     assert [p.name for p in models.iterdir()] == ["Qwen2.5-Coder-1.5B-Instruct-lowbit"]
     assert dialog.table.rowCount() == 1 and "1 copy, 3.0 MB" in dialog.summary.text()
     dialog.close()
+
+
+def test_text_size_is_set_from_the_view_menu_and_kept(qtbot, make_window):
+    """View > Larger text / Smaller text / Normal text size: the chat and the message box, within
+    bounds, kept across answers and restarts."""
+    from PySide6.QtWidgets import QApplication
+
+    base = QApplication.font().pointSizeF()
+    window = make_window()
+    view_menu = window.menuBar().actions()[1].menu()
+    actions = {action.text(): action for action in view_menu.actions()}
+    sizes = lambda w: (w.chat_view.document().defaultFont().pointSizeF(), w.composer.font().pointSizeF())
+    actions["Larger text"].trigger()
+    actions["Larger text"].trigger()
+    assert sizes(window) == (base + 2, base + 2)
+    send_and_wait(qtbot, window)  # the answer's rendering keeps it
+    assert sizes(window) == (base + 2, base + 2)
+    window.save_settings()
+    again = make_window()
+    assert again.text_size == 2 and sizes(again) == (base + 2, base + 2)
+    for _ in range(30):
+        actions["Smaller text"].trigger()
+    assert window.text_size == -4 and sizes(window) == (base - 4, base - 4)
+    actions["Normal text size"].trigger()
+    assert sizes(window) == (base, base)

@@ -189,6 +189,12 @@ class MainWindow(QMainWindow):
         view_menu = self.menuBar().addMenu("&View")
         self.dark_action = QAction("Dark theme", self, checkable=True)
         view_menu.addAction(self.dark_action)
+        view_menu.addSeparator()
+        self.text_size = 0  # points added to the chat's and the message box's text (a setting)
+        larger = view_menu.addAction("Larger text", lambda: self.set_text_size(self.text_size + 1))
+        larger.setShortcuts([QKeySequence.ZoomIn, QKeySequence("Ctrl+=")])  # Ctrl++ wants Shift on most layouts
+        view_menu.addAction("Smaller text", QKeySequence.ZoomOut, lambda: self.set_text_size(self.text_size - 1))
+        view_menu.addAction("Normal text size", QKeySequence("Ctrl+0"), lambda: self.set_text_size(0))
         chat_menu = self.menuBar().addMenu("&Chat")
         chat_menu.addAction("Stop", QKeySequence("Esc"), self.stop)
         chat_menu.addAction("Regenerate the last answer", QKeySequence("Ctrl+R"), self.regenerate)
@@ -269,6 +275,7 @@ class MainWindow(QMainWindow):
         self.ghosts.setChecked(s.value("ghosts", False, bool))
         self.dark_action.setChecked(s.value("theme", "light") == "dark")
         self.read_ahead_action.setChecked(s.value("read_ahead", True, bool))
+        self.set_text_size(s.value("text_size", 0, int))
 
     def save_settings(self) -> None:
         s, c = self.settings, self.controls
@@ -282,7 +289,7 @@ class MainWindow(QMainWindow):
                            ("seed", options.seed), ("thinking", c.thinking.isChecked()),
                            ("colouring", self.colouring.isChecked()),
                            ("ghosts", self.ghosts.isChecked()), ("theme", self.theme.name),
-                           ("read_ahead", self.read_ahead_action.isChecked()),
+                           ("read_ahead", self.read_ahead_action.isChecked()), ("text_size", self.text_size),
                            (WINDOW_GEOMETRY, self.saveGeometry()),
                            *((key, splitter.saveState()) for key, splitter in self.splitters.items())]:
             s.setValue(key, value)
@@ -291,6 +298,15 @@ class MainWindow(QMainWindow):
     @property
     def theme(self):
         return THEMES["dark" if self.dark_action.isChecked() else "light"]
+
+    def set_text_size(self, points: int) -> None:
+        """The chat's and the message box's text `points` larger than the app's (-4 to +16)."""
+        self.text_size = max(-4, min(16, points))
+        font = QApplication.font()
+        font.setPointSizeF(font.pointSizeF() + self.text_size)
+        self.chat_view.document().setDefaultFont(font)
+        # (a style sheet of its own: setFont gives way to the app's style sheet, set again with the theme)
+        self.composer.setStyleSheet(f"font-size: {font.pointSizeF()}pt")
 
     def apply_view_options(self) -> None:
         theme = self.theme
