@@ -944,7 +944,7 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
     dialog = window.show_prepared_models()
     rows = {dialog.table.item(r, 0).text(): [dialog.table.item(r, c).text() for c in range(1, 5)]
             for r in range(dialog.table.rowCount())}
-    assert rows["Qwen2.5-Coder-1.5B-Instruct (default)  (loaded now)"] == [
+    assert rows["Qwen2.5-Coder-1.5B-Instruct (default)  (in use)"] == [
         "Low-bit (GGUF's own blocks)", "3.0 MB", "today", "the installed parts"]
     assert rows["deleted.gguf"][3] == str(tmp_path / "deleted.gguf") + "  (file not found)"
     assert rows["Qwen2.5-Coder-0.5B-Instruct.gguf"][3] == "a GGUF file assembled from the installed parts"
@@ -957,6 +957,14 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
     assert [p.name for p in models.iterdir()] == ["Qwen2.5-Coder-1.5B-Instruct-lowbit"]
     assert dialog.table.rowCount() == 1 and "1 copy, 3.0 MB" in dialog.summary.text()
     dialog.close()
+    monkeypatch.delenv("SPECCHAT_CACHE")  # (the next window's kernel is the one built)
+    loading = threading.Event()
+    window = make_window(hold=loading, draft_precision="3bit")  # a pair still loading is in use too
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    dialog = window.show_prepared_models()
+    assert dialog.table.item(0, 0).text().endswith("(in use)")
+    dialog.close()
+    loading.set()
 
 
 def test_text_size_is_set_from_the_view_menu_and_kept(qtbot, make_window):

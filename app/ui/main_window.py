@@ -436,14 +436,14 @@ class MainWindow(QMainWindow):
         checker.run(job)
 
     def show_prepared_models(self) -> PreparedModelsDialog:
-        """The copies models' first starts wrote, with Delete for those not loaded now (modal in use;
-        returned shown for tests)."""
+        """The copies models' first starts wrote, with Delete for those neither loaded nor loading now
+        (modal in use; returned shown for tests)."""
         from ..engine.prepared import noted_precision, noted_source
 
-        loaded = self._loaded_options
-        in_use = frozenset() if loaded is None else frozenset(
-            (noted_source(source), noted_precision(precision))
-            for source, precision in ((loaded.target, loaded.precision), (loaded.draft, loaded.draft_precision)))
+        in_use = frozenset((noted_source(source), noted_precision(precision))
+                           for options in {self._loaded_options, self.controls.load_options()} - {None}  # and loading
+                           for source, precision in ((options.target, options.precision),
+                                                     (options.draft, options.draft_precision)))
         dialog = PreparedModelsDialog(self, in_use)
         dialog.open()
         return dialog

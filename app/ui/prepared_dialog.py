@@ -1,5 +1,5 @@
 """File > Prepared models on disk...: the copies that models' first starts wrote to the cache
-folder, with their sizes and last use, and Delete for those the window has not loaded now."""
+folder, with their sizes and last use, and Delete for those the window is not using now."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,7 +21,7 @@ def gigabytes(size: int) -> str:
 
 class PreparedModelsDialog(QDialog):
     def __init__(self, parent=None, in_use: frozenset[tuple[str, str]] = frozenset()) -> None:
-        """in_use: (source, precision) of the models loaded now, as prepared copies note them."""
+        """in_use: (source, precision) of the models loaded or loading now, as prepared copies note them."""
         super().__init__(parent)
         self.setWindowTitle("Prepared models on disk")
         self.in_use = in_use
@@ -58,12 +58,12 @@ class PreparedModelsDialog(QDialog):
         self.table.setRowCount(len(self.copies))
         for row, copy in enumerate(self.copies):
             used = copy.source is not None and (copy.source, copy.precision) in self.in_use
-            cells = [model_name(copy) + ("  (loaded now)" if used else ""), precision_label(copy.precision),
+            cells = [model_name(copy) + ("  (in use)" if used else ""), precision_label(copy.precision),
                      gigabytes(copy.size), prepared.age_in_words(copy.last_used), made_from(copy)]
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(str(copy.path))
-                if used:  # in memory now, and noted again at its next load: not offered for deletion
+                if used:  # in memory or being read: not offered for deletion
                     item.setFlags(item.flags() & ~Qt.ItemIsSelectable)
                 if column == 2:
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
