@@ -21,3 +21,17 @@ def tiny_draft():
 def remembered_costs_in_tmp(tmp_path, monkeypatch):
     """Costs timed in a test are remembered in the test's own folder, not the user's cache."""
     monkeypatch.setattr("app.engine.calibration.costs_path", lambda: tmp_path / "costs.json")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_prepared_copies_left_in_the_users_cache():
+    """A test that loads a model of its own at low bit prepares its copy in a folder of its own
+    (SPECCHAT_CACHE): only the default pair's copies, which the real-model tests prepare once, may
+    join the user's cache."""
+    from app.engine import default_models, prepared
+
+    before = {copy.path.name for copy in prepared.copies()}
+    yield
+    defaults = tuple(packaged.name for packaged in default_models.DEFAULTS.values())
+    left = [c.path.name for c in prepared.copies() if c.path.name not in before and not c.path.name.startswith(defaults)]
+    assert not left, f"tests left prepared copies in {prepared.folder()}: {left}"

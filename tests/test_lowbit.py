@@ -474,7 +474,10 @@ def test_low_bit_same_model_draft_accepts_everything(low_bit_target):
     assert steps[-1].stats.acceptance_rate == 1.0
 
 
-def test_a_float_folder_loads_quantized_on_request(tmp_path, tiny_target):
+def test_a_float_folder_loads_quantized_on_request(tmp_path, tiny_target, monkeypatch):
+    from app.engine import prepared
+
+    monkeypatch.setattr(prepared, "folder", lambda: tmp_path / "prepared")  # (the kernel's build stays shared)
     tiny_target.model.save_pretrained(tmp_path / "m")
     tiny_target.tokenizer.save_pretrained(tmp_path / "m")
     fp32 = load_model(str(tmp_path / "m"), precision=Precision.FP32)
@@ -486,6 +489,73 @@ def test_a_float_folder_loads_quantized_on_request(tmp_path, tiny_target):
     assert {b for name, b in bits.items() if ".mlp." in name} == {3}
     assert {b for name, b in bits.items() if ".mlp." not in name} == {4}
     assert three.memory_bytes < four.memory_bytes
+
+
+def _tied(tiny):
+    """The tiny model with its output layer tied to its embedding, as small Qwen2.5 models are."""
+    config = tiny.model.config.__class__.from_dict({**tiny.model.config.to_dict(), "tie_word_embeddings": True})
+    model = type(tiny.model)(config).eval()
+    model.load_state_dict({k: v for k, v in tiny.model.state_dict().items() if k != "lm_head.weight"}, strict=False)
+    return model
+
+
+@pytest.mark.parametrize("architecture,tied,dtype,bits,feed_forward_bits", [
+    ("qwen2", False, torch.bfloat16, 8, None), ("qwen2", True, torch.float16, 4, 3),
+    ("qwen3", False, torch.float32, 4, None), ("gemma3", True, torch.bfloat16, 8, None)])
+def test_a_float_folder_is_quantized_tensor_by_tensor_into_the_model_a_whole_read_gives(
+        tmp_path, architecture, tied, dtype, bits, feed_forward_bits):
+    """A model folder quantized one tensor at a time (never whole as float32 in memory) gives the
+    very tensors and logits of the whole float32 read quantized by quantize_model."""
+    from transformers import AutoModelForCausalLM
+
+    from app.engine.lowbit.folder_loader import load_folder_lowbit
+
+    tiny = tiny_model(seed=4, hidden=64, architecture=architecture)
+    model = _tied(tiny) if tied else tiny.model
+    model.to(dtype).save_pretrained(tmp_path / "m")
+    streamed = load_folder_lowbit(tmp_path / "m", bits, feed_forward_bits)
+    whole = quantize_model(AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32).eval(), bits,
+                           feed_forward_bits=feed_forward_bits)
+    ours, reference = streamed.state_dict(), whole.state_dict()
+    assert ours.keys() == reference.keys()
+    assert all(torch.equal(ours[k], reference[k]) for k in ours)
+    assert (streamed.lm_head.w_q.data_ptr() == streamed.model.embed_tokens.w_q.data_ptr()) == tied  # packed once
+    tokens = torch.tensor([[3, 17, 29, 41, 5, 60]])
+    assert torch.equal(streamed(tokens).logits, whole(tokens).logits)
+
+
+def test_a_float_folder_is_prepared_once_and_a_checkpoint_that_does_not_map_is_read_whole(tmp_path, monkeypatch):
+    """The first start writes the quantized copy and later ones read it; a checkpoint whose
+    tensors are not the model's parameters one to one (here a stray tensor) is read whole as
+    float32 instead, to the same model."""
+    from safetensors.torch import load_file, save_file
+
+    from app.engine import prepared
+    from app.engine.lowbit import folder_loader
+
+    monkeypatch.setattr(prepared, "folder", lambda: tmp_path / "prepared")
+    tiny = tiny_model(seed=5, hidden=64)
+    tiny.model.to(torch.bfloat16).save_pretrained(tmp_path / "m")
+    tiny.tokenizer.save_pretrained(tmp_path / "m")
+    prompt = [4, 8, 15, 16, 23]
+    first = load_model(str(tmp_path / "m"))
+    expected = generated_ids(SpeculativeEngine(first), prompt, speculative=False, max_new_tokens=12)
+    (copy,) = prepared.copies()
+    assert copy.source == str((tmp_path / "m").resolve()) and copy.precision == "lowbit"
+    monkeypatch.setattr(folder_loader, "load_folder_lowbit", lambda *_, **__: pytest.fail("quantized again"))
+    again = load_model(str(tmp_path / "m"))
+    assert generated_ids(SpeculativeEngine(again), prompt, speculative=False, max_new_tokens=12) == expected
+    monkeypatch.undo()
+    monkeypatch.setattr(prepared, "folder", lambda: tmp_path / "prepared")
+
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    save_file({**weights, "model.stray.weight": torch.ones(2)}, tmp_path / "m" / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(folder_loader.NotStreamable, match="model.stray.weight is no parameter"):
+        folder_loader.load_folder_lowbit(tmp_path / "m", 8)
+    changed = load_model(str(tmp_path / "m"))  # a changed file: a new copy, read whole, the same model
+    assert generated_ids(SpeculativeEngine(changed), prompt, speculative=False, max_new_tokens=12) == expected
+    assert [c.path for c in prepared.copies()] != [copy.path] and len(prepared.copies()) == 1
 
 
 def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():

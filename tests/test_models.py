@@ -262,6 +262,37 @@ def test_a_model_too_large_for_this_machine_is_refused_before_it_loads(tmp_path,
     assert load_model(str(folder), precision="fp32").precision == "fp32"
 
 
+def test_a_7b_model_folder_fits_a_16_gb_machine_at_low_bit_but_not_as_float32(tmp_path, monkeypatch):
+    """A folder at low bit is quantized one tensor at a time: it needs its low-bit size and two
+    float32 copies of its largest tensor, not its float32 size. A Qwen2.5 7B folder (7.6 billion
+    weights, an embedding of 545 million) on a 16 GB machine: 12.0 GiB, where float32 needs 28.4."""
+    import json
+    import struct
+
+    from app.engine import memory_check
+
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(memory_check, "_total_memory", lambda: 16 * 2**30)
+    folder = tmp_path / "Qwen2.5-7B-Instruct"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    shapes = {"model.embed_tokens.weight": [152064, 3584], **{f"model.layers.{i}.weight": [1000, 505000] for i in range(14)}}
+    header = json.dumps({name: {"dtype": "BF16", "shape": shape, "data_offsets": [0, 0]} for name, shape in shapes.items()})
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode())  # headers only
+    need, why = memory_check.needed_bytes(folder, None, Precision.LOWBIT, prepared=False)
+    assert round(need / 2**30, 1) == 12.0 and why == "while its first start quantizes it to 8 bits"
+    assert round(memory_check.needed_bytes(folder, None, Precision.LOWBIT, prepared=True)[0] / 2**30, 1) == 8.0
+    assert round(memory_check.needed_bytes(folder, None, Precision.BITS4, prepared=True)[0] / 2**30, 1) == 4.4
+    with pytest.raises(ModelError) as refused:
+        load_model(str(folder))  # passes the check; the empty weights then fail to read
+    assert "memory" not in str(refused.value)
+    with pytest.raises(ModelError, match=r"needs about 28\.4 GiB of memory to read its 7\.6 billion weights as float32"):
+        load_model(str(folder), precision="fp32")
+    monkeypatch.setattr(memory_check, "_total_memory", lambda: 12 * 2**30)
+    with pytest.raises(ModelError, match=r"needs about 12\.0 GiB of memory while its first start quantizes it to 8 bits"):
+        load_model(str(folder))
+
+
 def test_prepared_copies_are_listed_and_a_changed_files_old_copy_is_dropped(tmp_path, monkeypatch):
     """Every low-bit start notes the copy's source and use; a GGUF replaced under the same name (a
     new download: another size or time) gets a new copy and the old one, which nothing could load

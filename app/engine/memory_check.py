@@ -7,7 +7,11 @@ The estimate is the memory the load needs at its peak:
   1.35 times that the first time, while its blocks are repacked (a 7B-shaped Q4_K_M: 5.76 GiB of
   the process's own memory for a 4.36 GiB file, 2026-12-06);
 - float32 (and int8, which is quantized from it): 4 bytes per weight;
-- a model folder: 4 bytes per weight whatever it asks, since it is read as float32 first.
+- a model folder at low bit: (bits + 1) / 8 bytes per weight (the integers, and a float16 scale and
+  min per group of 32), and on its first start, read and quantized one tensor at a time, room for
+  two float32 copies of its largest tensor (the default target's 1.78 billion weights as a bf16
+  folder, 8 bits: 3.33 GiB of the process's own memory at the peak, 2026-12-06; the estimate says
+  3.60 GiB).
 Only a model that cannot fit even with nothing else running is refused: the memory other
 programs hold now may be given back, and the system may swap some.
 """
@@ -23,6 +27,7 @@ from .errors import ModelError
 
 RESERVE = 1.5 * 2**30  # the system, the app itself (Python, torch, Qt) and the other model's buffers
 REPACK_PEAK = 1.35
+QUANTIZING_COPIES = 2  # float32 copies of a folder's largest tensor while it is quantized
 
 
 def check_fits(name: str, path: Path | None, size: int | None, precision: Precision, prepared: bool) -> None:
@@ -53,7 +58,15 @@ def needed_bytes(path: Path | None, size: int | None, precision: Precision, prep
     if gguf and path is not None:
         weights = _gguf_weights(path)
     elif path is not None and path.is_dir():
-        weights = _folder_weights(path)
+        counted = _folder_weights(path)
+        if counted is not None and precision.low_bit:
+            weights, largest = counted
+            bits = max(b for b in precision.requantized_bits if b) if any(precision.requantized_bits) else 8
+            need = int(weights * (bits + 1) / 8)
+            if prepared:
+                return need, f"at {bits} bits"
+            return need + QUANTIZING_COPIES * 4 * largest, f"while its first start quantizes it to {bits} bits"
+        weights = counted[0] if counted else None
     if weights is None:
         return None, ""
     return 4 * weights, f"to read its {weights / 1e9:.1f} billion weights as float32"
@@ -68,20 +81,20 @@ def _gguf_weights(path: Path) -> int | None:
         return None
 
 
-def _folder_weights(folder: Path) -> int | None:
-    """Weights in a folder's safetensors files, from their headers alone."""
+def _folder_weights(folder: Path) -> tuple[int, int] | None:
+    """Weights in a folder's safetensors files, and in its largest tensor, from their headers alone."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
-    total = 0
+    sizes = []
     try:
         for file in files:
             with open(file, "rb") as handle:
                 header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
-            total += sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
+            sizes += [math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__"]
     except (OSError, ValueError, KeyError, struct.error):
         return None
-    return total
+    return sum(sizes), max(sizes, default=0)
 
 
 def _total_memory() -> int:

@@ -84,7 +84,8 @@ def out_of_space(error: BaseException) -> bool:
         "No space left on device" in str(error)
 
 
-cache_dir = prepared.folder  # where prepared copies of models go
+def cache_dir() -> Path:
+    return prepared.folder()
 
 
 def pick_device() -> tuple[torch.device, torch.dtype, str]:
@@ -152,53 +153,86 @@ def load_model(
 
 def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, precision: Precision,
                   report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A GGUF's own blocks, or a model folder quantized, from a prepared copy that the first start
+    writes (later starts read it in seconds); a hub id is read and quantized at every start."""
     bits, feed_forward_bits = precision.requantized_bits
     path = Path(source).expanduser()
-    if packaged is None and path.suffix.lower() != ".gguf":  # a float model folder or hub id
-        check_fits(path.name or source, path, None, precision, prepared=False)  # read as float32 first
-        folder = _prepared_source(source, report)
-        report(f"Quantizing {path.name or source} to {bits or 8} bits", None)
-        model = _from_pretrained(folder, dtype=torch.float32, **_local_only(folder))
-        return quantize_model(model.eval(), bits or 8, feed_forward_bits=feed_forward_bits), _tokenizer(folder)
+    folder = packaged is None and path.is_dir()
+    if packaged is None and not folder and path.suffix.lower() != ".gguf":  # a hub id in the local HF cache
+        check_fits(path.name or source, path, None, precision, prepared=False)
+        hub = _prepared_source(source, report)
+        report(f"Quantizing {source} to {bits or 8} bits", None)
+        model = _from_pretrained(hub, dtype=torch.float32, **_local_only(hub))
+        return quantize_model(model.eval(), bits or 8, feed_forward_bits=feed_forward_bits), _tokenizer(hub)
     if packaged is not None:
-        folder = cache_dir() / f"{packaged.name}-{precision.value}"
+        copy = cache_dir() / f"{packaged.name}-{precision.value}"
+    elif folder:
+        _prepared_source(source, report)  # a folder without config.json is refused, with the reason
+        copy = cache_dir() / f"{path.name}-{_file_key(path)}-{precision.value}"
     else:
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
-        folder = cache_dir() / f"{path.stem}-{_file_key(path)}-{precision.value}"
+        copy = cache_dir() / f"{path.stem}-{_file_key(path)}-{precision.value}"
     check_fits(packaged.name if packaged else path.name, None if packaged else path, packaged.size if packaged else None,
-               precision, prepared=lowbit_store.is_complete(folder))
-    if lowbit_store.is_complete(folder):
-        report(f"Loading {folder.name}", None)
+               precision, prepared=lowbit_store.is_complete(copy))
+    if lowbit_store.is_complete(copy):
+        report(f"Loading {copy.name}", None)
         try:
-            loaded = lowbit_store.load(folder)
-            prepared.note_use(folder, prepared.noted_source(source), precision.value)
+            loaded = lowbit_store.load(copy)
+            prepared.note_use(copy, prepared.noted_source(source), precision.value)
             return loaded
-        except Exception as error:  # a damaged cache (a cut write, a bad disk block): repacked below
-            warnings.warn(f"SpecChat: the prepared copy in {folder} could not be read ({error!r}); "
-                          "it is prepared again from the GGUF", stacklevel=2)
-            shutil.rmtree(folder, ignore_errors=True)
+        except Exception as error:  # a damaged cache (a cut write, a bad disk block): prepared again below
+            warnings.warn(f"SpecChat: the prepared copy in {copy} could not be read ({error!r}); "
+                          "it is prepared again from its source", stacklevel=2)
+            shutil.rmtree(copy, ignore_errors=True)
+    if folder:
+        model, tokenizer = _quantized_folder(path, bits or 8, feed_forward_bits, report)
+    else:
+        model, tokenizer = _repacked_gguf(packaged, path, bits, feed_forward_bits, copy.name, report)
+    lowbit_store.save(model, tokenizer, copy)
+    if packaged:
+        (cache_dir() / f"{packaged.name}.gguf").unlink()  # the parts can rebuild it; the cache keeps only the copy
+    del model
+    gc.collect()
+    give_back_freed_memory()  # the source's reading, before the stored copy's buffer is filled
+    loaded = lowbit_store.load(copy)  # as every later start runs it (its own module tree, huge pages)
+    prepared.note_use(copy, prepared.noted_source(source), precision.value)  # drops a changed source's old copy
+    return loaded
+
+
+def _repacked_gguf(packaged: default_models.PackagedGGUF | None, path: Path, bits: int | None,
+                   feed_forward_bits: int | None, name: str, report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     gguf_path = default_models.assemble(
         packaged, cache_dir() / f"{packaged.name}.gguf", lambda stage, f: report(stage, f)
     ) if packaged else path
-    report(f"Repacking {folder.name} (first start only)", None)
+    report(f"Repacking {name} (first start only)", None)
     from .lowbit.loader import load_gguf_lowbit
 
     try:
-        model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {folder.name}", f),
+        model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {name}", f),
                                  feed_forward_bits=feed_forward_bits)
-        tokenizer = _gguf_tokenizer(gguf_path, model.config.model_type)
+        return model, _gguf_tokenizer(gguf_path, model.config.model_type)
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
         raise ModelError(f"Cannot read GGUF file {gguf_path}: {error}") from error
-    lowbit_store.save(model, tokenizer, folder)
-    if packaged:
-        gguf_path.unlink()  # the parts can rebuild it; the cache keeps only the repacked tensors
-    del model
-    gc.collect()
-    give_back_freed_memory()  # the GGUF's reading, before the stored copy's buffer is filled
-    loaded = lowbit_store.load(folder)  # as every later start runs it (its own module tree, huge pages)
-    prepared.note_use(folder, prepared.noted_source(source), precision.value)  # drops a changed file's old copy
-    return loaded
+
+
+def _quantized_folder(folder: Path, bits: int, feed_forward_bits: int | None,
+                      report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A model folder quantized one tensor at a time, or, where its checkpoint does not map onto the
+    model's parameters one to one, read whole as float32 and quantized."""
+    from .lowbit.folder_loader import NotStreamable, load_folder_lowbit
+
+    label = f"Quantizing {folder.name} to {bits} bits (first start only)"
+    report(label, None)
+    try:
+        try:
+            model = load_folder_lowbit(folder, bits, feed_forward_bits, lambda f: report(label, f))
+        except NotStreamable:
+            model = quantize_model(_from_pretrained(folder, dtype=torch.float32).eval(), bits,
+                                   feed_forward_bits=feed_forward_bits)
+    except Exception as error:  # safetensors and transformers raise many kinds on a damaged folder
+        raise ModelError(f"Cannot read model folder {folder}: {error}") from error
+    return model, _tokenizer(folder)
 
 
 def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase:
@@ -211,8 +245,15 @@ def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase
 
 
 def _file_key(path: Path) -> str:
-    stat = path.stat()
-    return hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    """What names a user's model's prepared copy: its path, and the size and time of the file, or of a
+    folder's config and weight files (a new download in their place gets a copy of its own)."""
+    if path.is_file():
+        stat = path.stat()
+        stats = f"{stat.st_size}|{stat.st_mtime_ns}"
+    else:
+        files = sorted([*path.glob("*.json"), *path.glob("*.safetensors")])
+        stats = "|".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    return hashlib.sha256(f"{path.resolve()}|{stats}".encode()).hexdigest()[:16]
 
 
 def _from_pretrained(*args, **kwargs) -> PreTrainedModel:

@@ -58,7 +58,7 @@ class PreparedModelsDialog(QDialog):
         self.table.setRowCount(len(self.copies))
         for row, copy in enumerate(self.copies):
             used = copy.source is not None and (copy.source, copy.precision) in self.in_use
-            cells = [model_name(copy) + ("  (in use)" if used else ""), precision_label(copy.precision),
+            cells = [model_name(copy) + ("  (in use)" if used else ""), precision_label(copy),
                      gigabytes(copy.size), prepared.age_in_words(copy.last_used), made_from(copy)]
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
@@ -96,11 +96,13 @@ def model_name(copy: prepared.PreparedCopy) -> str:
     return Path(copy.source).name if copy.source else copy.path.name
 
 
-def precision_label(precision: str | None) -> str:
+def precision_label(copy: prepared.PreparedCopy) -> str:
     try:
-        return PRECISION_LABELS[Precision(precision)]
+        precision = Precision(copy.precision)
     except ValueError:
         return ""
+    folder = copy.source is not None and Path(copy.source).is_absolute() and not copy.source.lower().endswith(".gguf")
+    return "8-bit" if folder and precision is Precision.LOWBIT else PRECISION_LABELS[precision]  # a folder's low bit
 
 
 def made_from(copy: prepared.PreparedCopy) -> str:

@@ -1,0 +1,99 @@
+"""A Hugging Face model folder (fp16, bf16 or fp32 safetensors) quantized one tensor at a time.
+
+Read whole as float32 first, a 7B folder needed 28 GB of memory before its quantization began, so
+a 16 GB laptop could not load it at any precision. Here each tensor is read from its file, made
+float32 and quantized before the next is read: the load needs about the low-bit model's size plus a
+few copies of the largest tensor. The result is the very model the whole float32 read gives
+(quantize_float of the same float32 values; tested), ready for the store.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from accelerate import init_empty_weights
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from . import skeleton
+from .loader import _check_complete, _real
+from .modules import LowBitEmbedding, LowBitLinear, width_for
+from .packing import PackedWeight, quantize_float
+
+INDEX = "model.safetensors.index.json"
+
+
+class NotStreamable(ValueError):
+    """The folder's tensors do not map one to one onto the model's parameters (a checkpoint that
+    transformers converts while loading): it is read whole instead."""
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The folder's safetensors files: those its index names, else every one there."""
+    index = folder / INDEX
+    if index.is_file():
+        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return sorted(folder.glob("*.safetensors"))
+
+
+def load_folder_lowbit(folder: Path, bits: int, feed_forward_bits: int | None = None,
+                       progress: Callable[[float], None] | None = None, group: int = 32) -> PreTrainedModel:
+    """Every weight matrix (and the embedding) in `bits` bits, the feed-forward ones in
+    feed_forward_bits where given, as modules.quantize_model makes them from the whole float model."""
+    files = checkpoint_files(folder)
+    if not files:
+        raise NotStreamable(f"{folder} holds no safetensors files")
+    config = AutoConfig.from_pretrained(folder)
+    with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    modules = dict(model.named_modules())
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    tied_output = f"{_name_of(model, model.get_output_embeddings())}.weight" if config.tie_word_embeddings else None
+    packed: dict[str, PackedWeight] = {}
+    for index, file in enumerate(files):
+        with safe_open(file, framework="pt") as reader:
+            for key in reader.keys():
+                if key == tied_output:  # some tied checkpoints store the output layer too: the tie makes it
+                    continue
+                if key not in parameters:
+                    raise NotStreamable(f"{file.name}: {key} is no parameter of {type(model).__name__}")
+                module_name, _, attribute = key.rpartition(".")
+                module = modules[module_name]
+                value = reader.get_tensor(key).float()
+                if attribute == "weight" and _quantized(module, group):
+                    width = bits if isinstance(module, nn.Embedding) else width_for(module_name, bits, feed_forward_bits)
+                    packed[module_name] = quantize_float(value, width, group)
+                else:
+                    module._parameters[attribute] = nn.Parameter(value, requires_grad=False)
+                del value
+        if progress:
+            progress((index + 1) / len(files))
+    for module_name, weight in packed.items():
+        parent_name, _, child = module_name.rpartition(".")
+        old = modules[module_name]
+        new = LowBitEmbedding(weight, getattr(old, "scalar_embed_scale", None)) if isinstance(old, nn.Embedding) else \
+            LowBitLinear(weight, _real(old.bias), old.out_features)
+        setattr(modules[parent_name] if parent_name else model, child, new)
+    if config.tie_word_embeddings and "lm_head" not in packed:
+        embedding = model.get_input_embeddings()
+        if isinstance(embedding, LowBitEmbedding) and isinstance(model.lm_head, nn.Linear):
+            model.lm_head = LowBitLinear(embedding.packed, out_features=model.lm_head.out_features)
+    try:
+        _check_complete(model, folder)
+    except ValueError as error:
+        raise NotStreamable(str(error)) from error
+    skeleton.divide_rope_frequencies(model)  # a folder dequantized from a Llama 3.1+ GGUF
+    return model.eval()
+
+
+def _quantized(module: nn.Module, group: int) -> bool:
+    """Whether quantize_model replaces this module (its inputs a whole number of groups)."""
+    return (isinstance(module, nn.Linear) and module.in_features % group == 0) or \
+        (isinstance(module, nn.Embedding) and module.embedding_dim % group == 0)
+
+
+def _name_of(model: nn.Module, module: nn.Module | None) -> str | None:
+    return next((name for name, m in model.named_modules() if m is module), None)
