@@ -12,6 +12,7 @@ from app.engine.engine import SpeculativeEngine
 from app.engine.lowbit import kernel, packing
 from app.engine.lowbit.gguf_weights import IQ4_VALUES, packed_from_gguf
 from app.engine.lowbit.modules import LowBitLinear, quantize_model
+from app.engine.errors import ModelError
 from app.engine.models import LoadedModel, Precision, load_model
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model, wide_low_bit
@@ -556,6 +557,32 @@ def test_a_float_folder_is_prepared_once_and_a_checkpoint_that_does_not_map_is_r
     changed = load_model(str(tmp_path / "m"))  # a changed file: a new copy, read whole, the same model
     assert generated_ids(SpeculativeEngine(changed), prompt, speculative=False, max_new_tokens=12) == expected
     assert [c.path for c in prepared.copies()] != [copy.path] and len(prepared.copies()) == 1
+
+
+def test_a_hub_id_in_the_local_cache_is_prepared_once_as_its_folder_is(tmp_path, monkeypatch):
+    """A hub id whose files are in the local Hugging Face cache loads from its snapshot folder: the
+    same model as that folder, quantized on the first start into a copy noted by the hub id."""
+    import huggingface_hub
+
+    from app.engine import prepared
+
+    monkeypatch.setattr(prepared, "folder", lambda: tmp_path / "prepared")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    snapshot = tmp_path / "hub" / "models--tiny--chat" / "snapshots" / "0123abcd"
+    tiny = tiny_model(seed=6, hidden=64)
+    tiny.model.to(torch.bfloat16).save_pretrained(snapshot)
+    tiny.tokenizer.save_pretrained(snapshot)
+    (tmp_path / "hub" / "models--tiny--chat" / "refs").mkdir()
+    (tmp_path / "hub" / "models--tiny--chat" / "refs" / "main").write_text("0123abcd")
+    prompt = [7, 3, 11, 19]
+    by_id = load_model("tiny/chat")
+    (copy,) = prepared.copies()
+    assert copy.source == "tiny/chat" and copy.path.name.startswith("chat-") and not copy.source_missing
+    by_folder = load_model(str(snapshot), precision=Precision.LOWBIT)
+    assert generated_ids(SpeculativeEngine(by_id), prompt, speculative=False, max_new_tokens=10) == \
+        generated_ids(SpeculativeEngine(by_folder), prompt, speculative=False, max_new_tokens=10)
+    with pytest.raises(ModelError, match="no such hub id in the local Hugging Face cache"):
+        load_model("tiny/not-cached")
 
 
 def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():

@@ -153,22 +153,25 @@ def load_model(
 
 def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, precision: Precision,
                   report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A GGUF's own blocks, or a model folder quantized, from a prepared copy that the first start
-    writes (later starts read it in seconds); a hub id is read and quantized at every start."""
+    """A GGUF's own blocks, or a model folder (a hub id's in the local Hugging Face cache too)
+    quantized, from a prepared copy that the first start writes: later starts read it in seconds."""
     bits, feed_forward_bits = precision.requantized_bits
     path = Path(source).expanduser()
     folder = packaged is None and path.is_dir()
-    if packaged is None and not folder and path.suffix.lower() != ".gguf":  # a hub id in the local HF cache
-        check_fits(path.name or source, path, None, precision, prepared=False)
-        hub = _prepared_source(source, report)
-        report(f"Quantizing {source} to {bits or 8} bits", None)
-        model = _from_pretrained(hub, dtype=torch.float32, **_local_only(hub))
-        return quantize_model(model.eval(), bits or 8, feed_forward_bits=feed_forward_bits), _tokenizer(hub)
+    if packaged is None and not folder and path.suffix.lower() != ".gguf":
+        _prepared_source(source, report)  # a path that does not exist is refused, with the reason
+        path = _hub_snapshot(source)
+        if path is None:
+            from huggingface_hub.constants import HF_HUB_CACHE
+
+            raise ModelError(f"Cannot load model '{source}': no such model folder or .gguf file, and no such hub id "
+                             f"in the local Hugging Face cache ({HF_HUB_CACHE})")
+        folder = True
     if packaged is not None:
         copy = cache_dir() / f"{packaged.name}-{precision.value}"
     elif folder:
-        _prepared_source(source, report)  # a folder without config.json is refused, with the reason
-        copy = cache_dir() / f"{path.name}-{_file_key(path)}-{precision.value}"
+        _prepared_source(str(path), report)  # a folder without config.json is refused, with the reason
+        copy = cache_dir() / f"{Path(source).name}-{_file_key(path)}-{precision.value}"
     else:
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
@@ -242,6 +245,16 @@ def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase
 
     known = {"tokenizer_type": model_type} if TOKENIZER_MAPPING_NAMES.get(model_type) else {}
     return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, **known)
+
+
+def _hub_snapshot(source: str) -> Path | None:
+    """The folder of a hub id's files in the local Hugging Face cache, or None (not there)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, local_files_only=True))
+    except Exception:  # not cached, not a repository id, or the cache unreadable
+        return None
 
 
 def _file_key(path: Path) -> str:

@@ -42,8 +42,12 @@ def folder() -> Path:
 
 
 def noted_source(source: str) -> str:
-    """What a copy notes as its source: a default model's name, or the file's full path."""
-    return source if source in default_models.DEFAULTS else str(Path(source).expanduser().resolve())
+    """What a copy notes as its source: a default model's name, a hub id, or the file's or folder's
+    full path."""
+    path = Path(source).expanduser()
+    if source in default_models.DEFAULTS or not (path.exists() or path.is_absolute() or source.startswith((".", "~"))):
+        return source
+    return str(path.resolve())
 
 
 def noted_precision(precision: Precision | str) -> str:
