@@ -562,6 +562,8 @@ def test_a_float_folder_is_prepared_once_and_a_checkpoint_that_does_not_map_is_r
 def test_a_hub_id_in_the_local_cache_is_prepared_once_as_its_folder_is(tmp_path, monkeypatch):
     """A hub id whose files are in the local Hugging Face cache loads from its snapshot folder: the
     same model as that folder, quantized on the first start into a copy noted by the hub id."""
+    import shutil
+
     import huggingface_hub
 
     from app.engine import prepared
@@ -583,6 +585,11 @@ def test_a_hub_id_in_the_local_cache_is_prepared_once_as_its_folder_is(tmp_path,
         generated_ids(SpeculativeEngine(by_folder), prompt, speculative=False, max_new_tokens=10)
     with pytest.raises(ModelError, match="no such hub id in the local Hugging Face cache"):
         load_model("tiny/not-cached")
+    shutil.copytree(snapshot, snapshot.with_name("4567ef01"))  # a new revision replaces the old one's copy
+    (tmp_path / "hub" / "models--tiny--chat" / "refs" / "main").write_text("4567ef01")
+    load_model("tiny/chat")
+    (newer,) = [c for c in prepared.copies() if c.source == "tiny/chat"]
+    assert newer.path != copy.path and not copy.path.exists()
 
 
 def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():

@@ -7,8 +7,9 @@ Precision on CPU (`Precision`): a GGUF runs from its own low-bit blocks (`lowbit
 repacked once into the kernel's layout and cached; `4bit` re-quantizes every matrix to 4 bits and
 `3bit` the feed-forward ones to 3 bits, the others to 4 (a cheaper draft: only the target decides
 what is emitted); `fp32` dequantizes to float32 (the reference; cached as safetensors); `int8` is
-fp32 with dynamically quantized int8 linears. A model folder in fp16/bf16/fp32 is quantized on load
-to 8 bits (`lowbit`) or as `4bit` and `3bit` say. On CUDA every model runs in bfloat16.
+fp32 with dynamically quantized int8 linears. A model folder in fp16/bf16/fp32 (or a hub id's, in
+the local Hugging Face cache) is quantized on its first start, one tensor at a time, to 8 bits
+(`lowbit`) or as `4bit` and `3bit` say, and cached likewise. On CUDA every model runs in bfloat16.
 """
 from __future__ import annotations
 
@@ -176,8 +177,8 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
         copy = cache_dir() / f"{path.stem}-{_file_key(path)}-{precision.value}"
-    check_fits(packaged.name if packaged else path.name, None if packaged else path, packaged.size if packaged else None,
-               precision, prepared=lowbit_store.is_complete(copy))
+    check_fits(packaged.name if packaged else Path(source).name, None if packaged else path,
+               packaged.size if packaged else None, precision, prepared=lowbit_store.is_complete(copy))
     if lowbit_store.is_complete(copy):
         report(f"Loading {copy.name}", None)
         try:

@@ -2,9 +2,9 @@
 low-bit blocks repacked, or its float32 weights) so that later starts take seconds.
 
 Each copy holds a note of where it came from, touched at every load (its time is the copy's last
-use). A copy of a GGUF file that has since changed (another size or time: a new download under the
-same name) is dropped when the new file's copy is made: nothing could load it again, and a 7B
-model's copy is 4 GB. The rest can be listed and deleted (File > Prepared models on disk...); a
+use). A copy of a GGUF file or model folder that has since changed (another size or time: a new
+download under the same name) is dropped when the new one's copy is made: nothing could load it
+again, and a 7B model's copy is 4 to 8 GB. The rest can be listed and deleted (File > Prepared models on disk...); a
 deleted copy is prepared again at the model's next start.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ NOTE = "specchat_source.json"
 @dataclass(frozen=True)
 class PreparedCopy:
     path: Path  # a folder, or a file (a default model's GGUF assembled for the benchmark's peer)
-    source: str | None  # what load_model was given: a default model's name or a file's path; None: not noted
+    source: str | None  # a default model's name, a hub id, or a file's or folder's full path; None: not noted
     precision: str | None  # a low-bit precision's value, or "fp32" (the float32 copy fp32 and int8 load)
     size: int  # bytes
     last_used: float  # seconds since the epoch
@@ -57,19 +57,19 @@ def noted_precision(precision: Precision | str) -> str:
 
 
 def note_use(copy: Path, source: str, precision: str) -> None:
-    """Notes where `copy` came from and that it was used now; drops the copies of a file that has
-    changed since they were made. A note that cannot be written (a read-only cache) changes nothing."""
+    """Notes where `copy` came from and that it was used now; drops any other copy of the same source
+    and precision, made from an earlier version of it (a copy's name holds its source's sizes and
+    times, or a hub id's revision). A note that cannot be written (a read-only cache) changes nothing."""
     try:
         (copy / NOTE).write_text(json.dumps({"source": source, "precision": precision}))
     except OSError:
         return
-    if Path(source).is_absolute():
-        for other in copies():
-            if other.path != copy and (other.source, other.precision) == (source, precision):
-                try:
-                    delete(other)
-                except OSError:  # left for the user to delete (File > Prepared models on disk...)
-                    pass
+    for other in copies():
+        if other.path != copy and (other.source, other.precision) == (source, precision):
+            try:
+                delete(other)
+            except OSError:  # left for the user to delete (File > Prepared models on disk...)
+                pass
 
 
 def copies() -> list[PreparedCopy]:
