@@ -19,8 +19,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from . import skeleton
-from .loader import _check_complete, _real
-from .modules import LowBitEmbedding, LowBitLinear, width_for
+from .loader import _check_complete, put_low_bit_modules
+from .modules import width_for
 from .packing import PackedWeight, quantize_float
 
 INDEX = "model.safetensors.index.json"
@@ -71,16 +71,7 @@ def load_folder_lowbit(folder: Path, bits: int, feed_forward_bits: int | None = 
                 del value
         if progress:
             progress((index + 1) / len(files))
-    for module_name, weight in packed.items():
-        parent_name, _, child = module_name.rpartition(".")
-        old = modules[module_name]
-        new = LowBitEmbedding(weight, getattr(old, "scalar_embed_scale", None)) if isinstance(old, nn.Embedding) else \
-            LowBitLinear(weight, _real(old.bias), old.out_features)
-        setattr(modules[parent_name] if parent_name else model, child, new)
-    if config.tie_word_embeddings and "lm_head" not in packed:
-        embedding = model.get_input_embeddings()
-        if isinstance(embedding, LowBitEmbedding) and isinstance(model.lm_head, nn.Linear):
-            model.lm_head = LowBitLinear(embedding.packed, out_features=model.lm_head.out_features)
+    put_low_bit_modules(model, packed)
     try:
         _check_complete(model, folder)
     except ValueError as error:

@@ -16,6 +16,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 from . import gguf_file, skeleton
 from .gguf_weights import packed_from_gguf
 from .modules import LowBitEmbedding, LowBitLinear, width_for
+from .packing import PackedWeight
 
 FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
 ROPE_FREQS = "rope_freqs.weight"
@@ -60,19 +61,26 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
                                                          requires_grad=False)
         if progress:
             progress((index + 1) / len(reader.tensors))
+    put_low_bit_modules(model, packed_by_name)
+    take_rope_divisors(model, reader)
+    _check_complete(model, path)
+    return model.eval()
+
+
+def put_low_bit_modules(model: nn.Module, packed_by_name: dict[str, PackedWeight]) -> None:
+    """Each packed weight in place of its float module (an embedding's scale and a linear's bias
+    kept), and a tied output layer on the packed embedding."""
+    modules = dict(model.named_modules())
     for module_name, packed in packed_by_name.items():
         parent_name, _, child = module_name.rpartition(".")
         old = modules[module_name]
         new = LowBitEmbedding(packed, getattr(old, "scalar_embed_scale", None)) if isinstance(old, nn.Embedding) else \
             LowBitLinear(packed, _real(old.bias), old.out_features)
         setattr(modules[parent_name] if parent_name else model, child, new)
-    if config.tie_word_embeddings and "lm_head" not in packed_by_name:
+    if model.config.tie_word_embeddings and "lm_head" not in packed_by_name:
         embedding = model.get_input_embeddings()
         if isinstance(embedding, LowBitEmbedding):
             model.lm_head = LowBitLinear(embedding.packed, out_features=model.lm_head.out_features)
-    take_rope_divisors(model, reader)
-    _check_complete(model, path)
-    return model.eval()
 
 
 def take_rope_divisors(model: nn.Module, reader) -> None:
