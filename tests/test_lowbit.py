@@ -500,16 +500,21 @@ def _tied(tiny):
     return model
 
 
-@pytest.mark.parametrize("architecture,tied,dtype,bits,feed_forward_bits", [
-    ("qwen2", False, torch.bfloat16, 8, None), ("qwen2", True, torch.float16, 4, 3),
-    ("qwen3", False, torch.float32, 4, None), ("gemma3", True, torch.bfloat16, 8, None)])
+@pytest.mark.parametrize("architecture,tied,dtype,bits,feed_forward_bits,rows", [
+    ("qwen2", False, torch.bfloat16, 8, None, None), ("qwen2", True, torch.float16, 4, 3, 32),
+    ("qwen3", False, torch.float32, 4, None, 64), ("gemma3", True, torch.bfloat16, 8, None, None)])
 def test_a_float_folder_is_quantized_tensor_by_tensor_into_the_model_a_whole_read_gives(
-        tmp_path, architecture, tied, dtype, bits, feed_forward_bits):
-    """A model folder quantized one tensor at a time (never whole as float32 in memory) gives the
-    very tensors and logits of the whole float32 read quantized by quantize_model."""
+        tmp_path, monkeypatch, architecture, tied, dtype, bits, feed_forward_bits, rows):
+    """A model folder quantized one tensor at a time, a few rows at a time (never whole as float32
+    in memory; rows: how many, where the tiny model's tensors have more) gives the very tensors and
+    logits of the whole float32 read quantized by quantize_model."""
     from transformers import AutoModelForCausalLM
 
+    from app.engine.lowbit import gguf_weights
     from app.engine.lowbit.folder_loader import load_folder_lowbit
+
+    if rows:
+        monkeypatch.setattr(gguf_weights, "REQUANTIZED_ROWS", rows)
 
     tiny = tiny_model(seed=4, hidden=64, architecture=architecture)
     model = _tied(tiny) if tied else tiny.model

@@ -8,10 +8,11 @@ The estimate is the memory the load needs at its peak:
   the process's own memory for a 4.36 GiB file, 2026-12-06);
 - float32 (and int8, which is quantized from it): 4 bytes per weight;
 - a model folder at low bit: (bits + 1) / 8 bytes per weight (the integers, and a float16 scale and
-  min per group of 32), and on its first start, read and quantized one tensor at a time, room for
-  two float32 copies of its largest tensor (the default target's 1.78 billion weights as a bf16
-  folder, 8 bits: 3.33 GiB of the process's own memory at the peak, 2026-12-06; the estimate says
-  3.60 GiB).
+  min per group of 32), 1.2 times that on its first start, while it is quantized a few rows at a
+  time and stored (a 7B-shaped bf16 folder at 8 bits, 7.6 billion weights: 8.8 GiB of the
+  process's own memory above its 0.24 GiB before the load, for 8.0 GiB estimated at 8 bits and 9.6
+  on the first start; the default target as a bf16 folder: 2.6 GiB above, for 2.2 estimated, its
+  tokenizer's 0.3 GiB within the reserve below; 2026-12-06).
 Only a model that cannot fit even with nothing else running is refused: the memory other
 programs hold now may be given back, and the system may swap some.
 """
@@ -27,7 +28,7 @@ from .errors import ModelError
 
 RESERVE = 1.5 * 2**30  # the system, the app itself (Python, torch, Qt) and the other model's buffers
 REPACK_PEAK = 1.35
-QUANTIZING_COPIES = 2  # float32 copies of a folder's largest tensor while it is quantized
+QUANTIZING_PEAK = 1.2
 
 
 def check_fits(name: str, path: Path | None, size: int | None, precision: Precision, prepared: bool) -> None:
@@ -58,15 +59,13 @@ def needed_bytes(path: Path | None, size: int | None, precision: Precision, prep
     if gguf and path is not None:
         weights = _gguf_weights(path)
     elif path is not None and path.is_dir():
-        counted = _folder_weights(path)
-        if counted is not None and precision.low_bit:
-            weights, largest = counted
+        weights = _folder_weights(path)
+        if weights is not None and precision.low_bit:
             bits = max(b for b in precision.requantized_bits if b) if any(precision.requantized_bits) else 8
-            need = int(weights * (bits + 1) / 8)
+            need = weights * (bits + 1) / 8
             if prepared:
-                return need, f"at {bits} bits"
-            return need + QUANTIZING_COPIES * 4 * largest, f"while its first start quantizes it to {bits} bits"
-        weights = counted[0] if counted else None
+                return int(need), f"at {bits} bits"
+            return int(need * QUANTIZING_PEAK), f"while its first start quantizes it to {bits} bits"
     if weights is None:
         return None, ""
     return 4 * weights, f"to read its {weights / 1e9:.1f} billion weights as float32"
@@ -81,20 +80,20 @@ def _gguf_weights(path: Path) -> int | None:
         return None
 
 
-def _folder_weights(folder: Path) -> tuple[int, int] | None:
-    """Weights in a folder's safetensors files, and in its largest tensor, from their headers alone."""
+def _folder_weights(folder: Path) -> int | None:
+    """Weights in a folder's safetensors files, from their headers alone."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
-    sizes = []
+    total = 0
     try:
         for file in files:
             with open(file, "rb") as handle:
                 header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
-            sizes += [math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__"]
+            total += sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
     except (OSError, ValueError, KeyError, struct.error):
         return None
-    return sum(sizes), max(sizes, default=0)
+    return total
 
 
 def _total_memory() -> int:

@@ -1,10 +1,11 @@
 """A Hugging Face model folder (fp16, bf16 or fp32 safetensors) quantized one tensor at a time.
 
 Read whole as float32 first, a 7B folder needed 28 GB of memory before its quantization began, so
-a 16 GB laptop could not load it at any precision. Here each tensor is read from its file, made
-float32 and quantized before the next is read: the load needs about the low-bit model's size plus a
-few copies of the largest tensor. The result is the very model the whole float32 read gives
-(quantize_float of the same float32 values; tested), ready for the store.
+a 16 GB laptop could not load it at any precision. Here each tensor is read from its file a few
+thousand rows at a time, made float32 and quantized: the load needs about the low-bit model's size
+(a 7B-shaped bf16 folder at 8 bits: 9.2 GiB at the peak). The result is the very model the whole
+float32 read gives (quantize_float of the same float32 values, row by row; tested), ready for the
+store.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from . import skeleton
+from . import gguf_weights, skeleton
 from .loader import _check_complete, put_low_bit_modules
+from .memory import give_back_freed_memory
 from .modules import width_for
 from .packing import PackedWeight, quantize_float
 
@@ -53,24 +55,25 @@ def load_folder_lowbit(folder: Path, bits: int, feed_forward_bits: int | None = 
     parameters = dict(model.named_parameters(remove_duplicate=False))
     tied_output = f"{_name_of(model, model.get_output_embeddings())}.weight" if config.tie_word_embeddings else None
     packed: dict[str, PackedWeight] = {}
-    for index, file in enumerate(files):
+    total, done = sum(len(_keys(file)) for file in files), 0
+    for file in files:
         with safe_open(file, framework="pt") as reader:
             for key in reader.keys():
+                done += 1
+                if progress:
+                    progress(done / total)
                 if key == tied_output:  # some tied checkpoints store the output layer too: the tie makes it
                     continue
                 if key not in parameters:
                     raise NotStreamable(f"{file.name}: {key} is no parameter of {type(model).__name__}")
                 module_name, _, attribute = key.rpartition(".")
                 module = modules[module_name]
-                value = reader.get_tensor(key).float()
                 if attribute == "weight" and _quantized(module, group):
                     width = bits if isinstance(module, nn.Embedding) else width_for(module_name, bits, feed_forward_bits)
-                    packed[module_name] = quantize_float(value, width, group)
+                    packed[module_name] = _quantized_rows(reader.get_slice(key), width, group)
+                    give_back_freed_memory()  # its rows' temporaries (the 1.5B's first start: 3.17 -> 2.79 GiB)
                 else:
-                    module._parameters[attribute] = nn.Parameter(value, requires_grad=False)
-                del value
-        if progress:
-            progress((index + 1) / len(files))
+                    module._parameters[attribute] = nn.Parameter(reader.get_tensor(key).float(), requires_grad=False)
     put_low_bit_modules(model, packed)
     try:
         _check_complete(model, folder)
@@ -78,6 +81,21 @@ def load_folder_lowbit(folder: Path, bits: int, feed_forward_bits: int | None = 
         raise NotStreamable(str(error)) from error
     skeleton.divide_rope_frequencies(model)  # a folder dequantized from a Llama 3.1+ GGUF
     return model.eval()
+
+
+def _keys(file: Path) -> list[str]:
+    with safe_open(file, framework="pt") as reader:
+        return list(reader.keys())
+
+
+def _quantized_rows(weight, bits: int, group: int) -> PackedWeight:
+    """A weight read and quantized some rows at a time (a 7B's embedding whole as float32 is 2.2 GB,
+    and quantizing it took twice that again: its first start peaked at 13.3 GiB for an 8.0 GiB
+    model); quantize_float treats each row on its own, so the parts join into the whole's result."""
+    rows = weight.get_shape()[0]
+    step = gguf_weights.REQUANTIZED_ROWS
+    return PackedWeight.joined([quantize_float(weight[first : first + step].float(), bits, group)
+                                for first in range(0, rows, step)])
 
 
 def _quantized(module: nn.Module, group: int) -> bool:
