@@ -545,6 +545,7 @@ def test_a_float_folder_is_prepared_once_and_a_checkpoint_that_does_not_map_is_r
     tiny.tokenizer.save_pretrained(tmp_path / "m")
     prompt = [4, 8, 15, 16, 23]
     first = load_model(str(tmp_path / "m"))
+    assert first.precision.startswith("8bit")  # not "lowbit": a float model has no blocks of its own
     expected = generated_ids(SpeculativeEngine(first), prompt, speculative=False, max_new_tokens=12)
     (copy,) = prepared.copies()
     assert copy.source == str((tmp_path / "m").resolve()) and copy.precision == "lowbit"

@@ -43,8 +43,9 @@ class ControlsPanel(QTabWidget):
             for precision in Precision:
                 combo.addItem(PRECISION_LABELS[precision], precision.value)
             combo.setCurrentIndex(combo.findData(default.value))
-        self.precision.setToolTip("CPU weights of the target. Low-bit runs the GGUF's own 4-8 bit blocks (fast, small);\n"
-                                  "fp32 is the dequantized reference. CUDA always runs bfloat16.")
+        self.precision.setToolTip("CPU weights of the target. Low-bit runs the GGUF's own 4-8 bit blocks (fast, small),\n"
+                                  "and a model folder's weights quantized to 8 bits; fp32 is the dequantized reference.\n"
+                                  "CUDA always runs bfloat16.")
         self.draft_precision.setToolTip("CPU weights of the draft. A cheaper draft never changes the answer:\n"
                                         "only the target decides what is emitted.")
         self.kv_cache = QComboBox()
