@@ -936,7 +936,8 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
     notes = {"Qwen2.5-Coder-1.5B-Instruct-lowbit": ("default-target", "lowbit"),  # the pair loaded now
              "Qwen2.5-Coder-0.5B-Instruct-3bit": ("default-draft", "3bit"),
              "old-0123456789abcdef-lowbit": (str(tmp_path / "deleted.gguf"), "lowbit"),
-             "Qwen2.5-7B-Instruct-0123456789abcdef-lowbit": (str(tmp_path), "lowbit")}  # a model folder
+             "Qwen2.5-7B-Instruct-0123456789abcdef-lowbit": (str(tmp_path), "lowbit"),  # a model folder
+             "chat-0123456789abcdef-lowbit": ("tiny/chat", "lowbit")}  # a hub id
     for name, (source, precision) in notes.items():
         (models / name).mkdir(parents=True)
         (models / name / "lowbit.safetensors").write_bytes(b"x" * 3_000_000)
@@ -949,13 +950,14 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
         "Low-bit (GGUF's own blocks)", "3.0 MB", "today", "the installed parts"]
     assert rows["deleted.gguf"][3] == str(tmp_path / "deleted.gguf") + "  (file not found)"
     assert rows["Qwen2.5-Coder-0.5B-Instruct.gguf"][3] == "a GGUF file assembled from the installed parts"
-    assert rows[tmp_path.name][:1] == ["8-bit"]  # a folder's low bit
-    assert len(rows) == 5 and "5 copies, 12.5 MB in " in dialog.summary.text()
+    assert rows[tmp_path.name][0] == rows["chat"][0] == "8-bit"  # a float model's low bit
+    assert rows["chat"][3] == "tiny/chat"
+    assert len(rows) == 6 and "6 copies, 15.5 MB in " in dialog.summary.text()
     assert not dialog.delete_button.isEnabled()
     dialog.table.selectAll()  # the loaded copy's row cannot be selected
     assert sorted(c.path.name for c in dialog.selected()) == [
         "Qwen2.5-7B-Instruct-0123456789abcdef-lowbit", "Qwen2.5-Coder-0.5B-Instruct-3bit",
-        "Qwen2.5-Coder-0.5B-Instruct.gguf", "old-0123456789abcdef-lowbit"]
+        "Qwen2.5-Coder-0.5B-Instruct.gguf", "chat-0123456789abcdef-lowbit", "old-0123456789abcdef-lowbit"]
     dialog.delete_button.click()
     assert [p.name for p in models.iterdir()] == ["Qwen2.5-Coder-1.5B-Instruct-lowbit"]
     assert dialog.table.rowCount() == 1 and "1 copy, 3.0 MB" in dialog.summary.text()

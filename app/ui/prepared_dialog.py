@@ -101,8 +101,9 @@ def precision_label(copy: prepared.PreparedCopy) -> str:
         precision = Precision(copy.precision)
     except ValueError:
         return ""
-    folder = copy.source is not None and Path(copy.source).is_absolute() and not copy.source.lower().endswith(".gguf")
-    return "8-bit" if folder and precision is Precision.LOWBIT else PRECISION_LABELS[precision]  # a folder's low bit
+    # a model folder's (or hub id's) low bit is 8 bits; a GGUF's, its own blocks
+    float_model = copy.source not in (None, *default_models.DEFAULTS) and not copy.source.lower().endswith(".gguf")
+    return "8-bit" if float_model and precision is Precision.LOWBIT else PRECISION_LABELS[precision]
 
 
 def made_from(copy: prepared.PreparedCopy) -> str:

@@ -89,7 +89,7 @@ def _keys(file: Path) -> list[str]:
 
 
 def _quantized_rows(weight, bits: int, group: int) -> PackedWeight:
-    """A weight read and quantized some rows at a time (a 7B's embedding whole as float32 is 2.2 GB,
+    """weight: safetensors' slice of one [N, K] tensor, read and quantized some rows at a time (a 7B's embedding whole as float32 is 2.2 GB,
     and quantizing it took twice that again: its first start peaked at 13.3 GiB for an 8.0 GiB
     model); quantize_float treats each row on its own, so the parts join into the whole's result."""
     rows = weight.get_shape()[0]
