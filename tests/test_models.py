@@ -331,9 +331,9 @@ def test_prepared_copies_are_listed_and_a_changed_files_old_copy_is_dropped(tmp_
 
 
 def test_age_in_words():
-    from app.engine.prepared import age_in_words
-
     import time
+
+    from app.engine.prepared import age_in_words
 
     noon = time.mktime((2001, 9, 9, 12, 0, 0, 0, 0, -1))  # local time
     assert [age_in_words(noon - hours * 3600, noon) for hours in (11, 13, 24, 120)] == \
