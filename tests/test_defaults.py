@@ -103,6 +103,26 @@ def test_the_terminal_chat_continues_an_answer_cut_short(tiny_target, tiny_draft
     assert "nothing to continue" in log
 
 
+def test_the_terminal_chat_runs_a_target_of_another_family_alone(tiny_target, monkeypatch, capsys):
+    """A draft whose vocabulary the target does not share: said in a line, and the target answers
+    alone (by prompt lookup: its own greedy output) instead of the chat ending."""
+    from app import terminal
+    from tests.tiny import tiny_model
+
+    foreign = tiny_model(seed=3, vocab_size=64, prefix="w")
+    monkeypatch.setattr(terminal, "load_model", lambda source, *args, **kwargs: {"t": tiny_target, "f": foreign}[source])
+    outputs = []
+    for speculative in ("--speculative", "--no-speculative"):
+        typed = iter(["t5 t9 t2", ""])
+        monkeypatch.setattr("builtins.input", lambda prompt="": next(typed))
+        args = parsed("chat", "--target", "t", "--draft", "f", "--max-new-tokens", "12", speculative)
+        assert terminal.run_terminal_chat(args) == 0
+        captured = capsys.readouterr()
+        assert "do not share a vocabulary" in captured.err and "runs alone" in captured.err
+        outputs.append(captured.out)
+    assert outputs[0] == outputs[1] and outputs[0].strip()
+
+
 @pytest.mark.parametrize("bench", ["speed", "seed"])
 def test_the_benchmarks_report_a_bad_model_file_in_a_line(bench, tmp_path, capsys):
     """A missing or corrupt GGUF file stops a benchmark with what is wrong with it (exit status 2),

@@ -321,20 +321,44 @@ def test_stop_cancels_generation(qtbot, make_window):
     assert answer.stats.tokens < 5000
 
 
-def test_incompatible_draft_is_refused_with_a_message(qtbot, make_window):
-    """The refused draft is named, and the pair that last loaded comes back rather than none."""
+def test_a_draft_of_another_vocabulary_leaves_the_target_speculating_by_prompt_lookup(qtbot, make_window):
+    """A draft whose vocabulary differs from the target's is named and marked; the target runs
+    alone, speculating by prompt lookup (its own greedy output), rather than not at all."""
     window = make_window()
     window.controls.add_source("foreign", "foreign-draft")
-    # (waitUntil, not a waitSignal on `loaded`: the reload emits it again after the blocker is gone,
+    # (waitUntil, not a waitSignal on `loaded`: a reload emits it again after the blocker is gone,
     # and a stale blocker's slot had been called then: "no attribute check_params_callback")
     window.controls.draft.setCurrentIndex(window.controls.draft.findData("foreign-draft"))
     qtbot.waitUntil(lambda: window.last_error is not None, timeout=10_000)
     assert "do not share a vocabulary" in window.last_error and "64 tokens" in window.last_error
+    assert "runs alone, speculating by prompt lookup" in window.last_error
     index = window.controls.draft.findData("foreign-draft")
     assert window.controls.draft.itemText(index).endswith("(different vocabulary)")
-    assert window.controls.draft_source() == "default-draft"
-    qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
-    assert window.engine.draft.name == "tiny-1" and window.send_button.isEnabled()
+    assert window.controls.draft_source() == "foreign-draft" and window.engine.draft is None
+    assert "no draft model" in window.acceptance.fields["memory"].text()
+    answer = send_and_wait(qtbot, window)
+    assert answer.stats.mode.startswith("speculative (prompt lookup")
+    window.new_chat()
+    window.controls.speculative.setChecked(False)
+    assert send_and_wait(qtbot, window).stats.token_ids == answer.stats.token_ids  # the target's own output
+
+
+def test_a_target_of_another_family_loads_beside_the_chosen_draft(qtbot, make_window):
+    """Choosing a target whose vocabulary the draft does not share (a Llama file beside the default
+    Qwen draft) loads the target alone instead of going back to the last pair; back on a target of
+    the draft's family, the mark goes and the draft drafts again."""
+    window = make_window(extra_models=["other-draft", "foreign-draft"])
+    target = window.controls.target
+    target.setCurrentIndex(target.findData("foreign-draft"))  # a 64-token model as the target
+    qtbot.waitUntil(lambda: window.last_error is not None, timeout=10_000)
+    assert window.controls.target_source() == "foreign-draft" and window.engine.target.name == "tiny-3"
+    assert window.engine.draft is None
+    draft = window.controls.draft
+    assert draft.itemText(draft.findData("default-draft")).endswith("(different vocabulary)")
+    target.setCurrentIndex(target.findData("default-target"))
+    qtbot.waitUntil(lambda: window.engine is not None and window.engine.draft is not None, timeout=10_000)
+    assert not any(draft.itemText(i).endswith("(different vocabulary)") for i in range(draft.count()))
+    assert draft.model().item(draft.findData("default-draft")).isEnabled()
 
 
 def test_a_missing_model_file_is_a_message_and_does_not_blame_the_draft(qtbot, make_window):

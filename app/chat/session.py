@@ -36,10 +36,11 @@ class Request:
     options: GenerationOptions
 
 
-def describe(options: GenerationOptions) -> str:
+def describe(options: GenerationOptions, draft_model: bool = True) -> str:
+    """draft_model: whether the engine has one (without, it speculates by prompt lookup)."""
     if not options.speculative:
         return "plain"
-    how = "prompt lookup" if options.proposer is ProposerKind.PROMPT_LOOKUP else \
+    how = "prompt lookup" if options.proposer is ProposerKind.PROMPT_LOOKUP or not draft_model else \
         "draft model" + (" + copying" if options.lookup else "")
     return f"speculative ({how}, {'adaptive k' if options.adaptive else f'k={options.k}'})"
 
@@ -196,8 +197,8 @@ class ChatSession:
         made_with = options
         if continues is not None:
             made_with = replace(options, max_new_tokens=len(continues.stats.token_ids) + options.max_new_tokens)
-        self.builder = AnswerBuilder(tokenizer, describe(options), len(prompt_ids), engine.target.context_length,
-                                     settings_of(made_with), continues)
+        self.builder = AnswerBuilder(tokenizer, describe(options, engine.draft is not None), len(prompt_ids),
+                                     engine.target.context_length, settings_of(made_with), continues)
         if continues is not None:
             prompt_ids += continues.stats.token_ids
         self.request = Request(kind, prompt_ids, options)

@@ -42,6 +42,7 @@ class SpeculativeEngine:
         self._target = cached(target.model, width, kv_cache)
         self._draft = cached(draft.model, width, kv_cache) if draft is not None else None
         self.draft_vocabulary = DraftVocabulary.for_draft(self._draft, width, draft_vocabulary) if draft is not None else None
+        self.draft_refused: str | None = None  # why the draft chosen for this target was left out (ModelCache)
         self.costs = CostModel()  # what a draft token and a verification cost here, across requests
         self._saved_root: Path | None = None  # where the models' caches are saved between runs
         self._busy = threading.Lock()
@@ -180,10 +181,8 @@ class SpeculativeEngine:
     def _proposer(self, options: GenerationOptions, generator: torch.Generator) -> Proposer:
         if not options.speculative:
             return NoProposer()
-        if options.proposer is ProposerKind.PROMPT_LOOKUP:
-            return PromptLookupProposer()
-        if self._draft is None:
-            raise ValueError("speculation with a draft model needs a draft model; load one or use prompt lookup")
+        if options.proposer is ProposerKind.PROMPT_LOOKUP or self._draft is None:
+            return PromptLookupProposer()  # (with no draft model, the speculation that needs none)
         return DraftModelProposer(self._draft, options.sampling, generator, self.draft_vocabulary, options.lookup,
                                   self.target.stop_tokens)
 

@@ -222,6 +222,16 @@ class ControlsPanel(QTabWidget):
         if item is not None:
             item.setEnabled(False)
 
+    def clear_draft_marks(self) -> None:
+        """Drafts marked for another vocabulary than the last target's offered again (a mark says
+        nothing of a target of another family)."""
+        for index in range(self.draft.count()):
+            if self.draft.itemText(index).endswith(INCOMPATIBLE):
+                self.draft.setItemText(index, self.draft.itemText(index).removesuffix(INCOMPATIBLE))
+                self.draft.setItemData(index, None, Qt.ToolTipRole)
+                if isinstance(self.draft.model(), QStandardItemModel):
+                    self.draft.model().item(index).setEnabled(True)
+
     def mark_unreadable(self, source: str, reason: str) -> None:
         """A model whose tokenizer cannot be read (a damaged or foreign file): marked in both pickers
         but still offered, since the file may be mended; loading it names the reason again."""

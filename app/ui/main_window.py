@@ -19,7 +19,7 @@ from ..chat.prompt import chat_prompt_ids, switches_thinking
 from ..chat.session import ChatSession, RequestKind
 from ..chat.store import ChatStore, StoreError
 from ..engine.choices import ProposerKind
-from ..engine.errors import IncompatibleModelsError, ModelError
+from ..engine.errors import ModelError
 from ..engine.model_cache import ModelCache
 from ..options import LoadOptions
 from .acceptance_view import AcceptanceView
@@ -41,7 +41,6 @@ class LoadResult:
     ticket: int
     engine: SpeculativeEngine | None = None  # None without an error: superseded by a newer load
     error: str | None = None
-    incompatible_draft: str | None = None  # source of a draft refused for its vocabulary
 
 
 READING_PROMPT = "Reading the prompt:"  # the status bar while a long prompt is read
@@ -344,8 +343,6 @@ class MainWindow(QMainWindow):
                 leaving.save_caches()  # waits for the read-ahead told to stop above
             try:
                 return LoadResult(ticket, self.models.engine(ticket, chosen, report))
-            except IncompatibleModelsError as error:
-                return LoadResult(ticket, error=str(error), incompatible_draft=chosen.draft)
             except ModelError as error:  # a missing or corrupt model file
                 return LoadResult(ticket, error=str(error))
             except Exception as error:  # anything else: said in the window, traceback in the log
@@ -375,8 +372,6 @@ class MainWindow(QMainWindow):
             self._send_when_ready = False  # the message stays in the box
             self.set_busy(self.session.busy)
             self.statusBar().showMessage("Models not loaded")
-            if result.incompatible_draft:
-                self.controls.mark_draft_incompatible(result.incompatible_draft, result.error)
             # Back to the pair that last loaded (its prepared copies load in seconds), or at the start
             # to the default pair (a saved choice whose file is gone), rather than leaving none.
             fallback = self._loaded_options or LoadOptions()
@@ -385,14 +380,22 @@ class MainWindow(QMainWindow):
                 self.load_models()
             self.show_error("Cannot use these models", result.error or "unknown error")
             return
-        self._loaded_options = self.controls.load_options()
+        previous, self._loaded_options = self._loaded_options, self.controls.load_options()
+        if previous is None or previous.target != self._loaded_options.target:
+            self.controls.clear_draft_marks()  # they said which drafts the last target's vocabulary refused
         self.engine = result.engine
         target, draft = self.engine.target, self.engine.draft
         self.controls.thinking.setEnabled(switches_thinking(target.tokenizer))
         self._forget_deleted_chats()
         self._show_memory()
-        self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}) with draft {draft.name} "
-                                     f"({draft.precision})", 5000)
+        with_draft = f"with draft {draft.name} ({draft.precision})" if draft else "no draft model (prompt lookup)"
+        self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}), {with_draft}", 5000)
+        if self.engine.draft_refused:  # a target of another family than the draft: it runs alone
+            self.controls.mark_draft_incompatible(self._loaded_options.draft, self.engine.draft_refused)
+            self.show_error("The draft cannot draft for this target",
+                            f"{self.engine.draft_refused.rstrip('.')}. {target.name} runs alone, speculating by prompt lookup "
+                            "(copying from the conversation); add a draft model of its family (Add model...) to "
+                            "speculate with a model.")
         self.set_busy(self.session.busy)
         if self._send_when_ready:
             self._send_when_ready = False
@@ -772,13 +775,13 @@ class MainWindow(QMainWindow):
             return
         target, draft, caches = self.engine.target, self.engine.draft, self.engine.cache_bytes()
         self.acceptance.show_memory(
-            f"target {target.memory_bytes / 2**30:.2f} GiB ({target.precision}), draft {draft.memory_bytes / 2**30:.2f} "
-            f"GiB ({draft.precision})"
+            f"target {target.memory_bytes / 2**30:.2f} GiB ({target.precision}), "
+            + (f"draft {draft.memory_bytes / 2**30:.2f} GiB ({draft.precision})" if draft else "no draft model")
             + (f", caches {caches / 2**20:,.0f} MiB" if caches else "")
             + (f" ({str(self.engine.kv_cache).removeprefix('torch.')})" if caches and self.engine.kv_cache else ""),
-            f"The draft's weights add {draft.memory_bytes / target.memory_bytes:.0%} to the target's. The caches hold "
-            "the keys and values of this conversation, and of earlier ones kept so that going back to them reads "
-            "only what is new.")
+            (f"The draft's weights add {draft.memory_bytes / target.memory_bytes:.0%} to the target's. " if draft else "")
+            + "The caches hold the keys and values of this conversation, and of earlier ones kept so that going back "
+            "to them reads only what is new.")
 
     def show_error(self, title: str, message: str) -> None:
         self.statusBar().showMessage(f"{title}: {message}", 10000)
