@@ -331,7 +331,7 @@ def test_a_draft_of_another_vocabulary_leaves_the_target_speculating_by_prompt_l
     window.controls.draft.setCurrentIndex(window.controls.draft.findData("foreign-draft"))
     qtbot.waitUntil(lambda: window.last_error is not None, timeout=10_000)
     assert "do not share a vocabulary" in window.last_error and "64 tokens" in window.last_error
-    assert "runs alone, speculating by prompt lookup" in window.last_error
+    assert "runs alone, speculating by prompt lookup" in window.last_error and ". Meanwhile" in window.last_error
     index = window.controls.draft.findData("foreign-draft")
     assert window.controls.draft.itemText(index).endswith("(different vocabulary)")
     assert window.controls.draft_source() == "foreign-draft" and window.engine.draft is None

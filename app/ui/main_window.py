@@ -392,10 +392,10 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Ready: {target.name} ({target.precision}), {with_draft}", 5000)
         if self.engine.draft_refused:  # a target of another family than the draft: it runs alone
             self.controls.mark_draft_incompatible(self._loaded_options.draft, self.engine.draft_refused)
+            reason = self.engine.draft_refused.rstrip(".")
             self.show_error("The draft cannot draft for this target",
-                            f"{self.engine.draft_refused.rstrip('.')}. {target.name} runs alone, speculating by prompt lookup "
-                            "(copying from the conversation); add a draft model of its family (Add model...) to "
-                            "speculate with a model.")
+                            f"{reason}. Meanwhile {target.name} runs alone, speculating by prompt lookup (copying "
+                            "from the conversation).")
         self.set_busy(self.session.busy)
         if self._send_when_ready:
             self._send_when_ready = False
