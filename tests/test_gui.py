@@ -994,6 +994,15 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
     assert dialog.table.item(0, 0).text().endswith("(in use)")
     dialog.close()
     loading.set()
+    monkeypatch.delenv("SPECCHAT_CACHE")
+    window = make_window(target="foreign-draft", draft_precision="3bit", extra_models=["foreign-draft"])
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    (models / "Qwen2.5-Coder-0.5B-Instruct-3bit").mkdir()
+    (models / "Qwen2.5-Coder-0.5B-Instruct-3bit" / prepared.NOTE).write_text('["not", "a note"]')  # known by its name
+    assert window.engine.draft is None  # a draft of another vocabulary is not in use
+    dialog = window.show_prepared_models()
+    assert not any(dialog.table.item(row, 0).text().endswith("(in use)") for row in range(dialog.table.rowCount()))
+    dialog.close()
 
 
 def test_text_size_is_set_from_the_view_menu_and_kept(qtbot, make_window):

@@ -82,7 +82,9 @@ def copies() -> list[PreparedCopy]:
         try:
             note = json.loads((path / NOTE).read_text()) if path.is_dir() else {}
         except (OSError, ValueError):
-            note = _guessed_note(path) if path.is_dir() else {}
+            note = None
+        if not isinstance(note, dict):  # none, or damaged
+            note = _guessed_note(path)
         files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
         try:
             stats = [p.stat() for p in files]

@@ -443,10 +443,12 @@ class MainWindow(QMainWindow):
         (modal in use; returned shown for tests)."""
         from ..engine.prepared import noted_precision, noted_source
 
+        loaded, chosen = self._loaded_options, self.controls.load_options()  # (chosen: loading, maybe)
+        drafting = self.engine is None or self.engine.draft is not None  # not a draft of another vocabulary
         in_use = frozenset((noted_source(source), noted_precision(precision))
-                           for options in {self._loaded_options, self.controls.load_options()} - {None}  # and loading
+                           for options in {loaded, chosen} - {None}
                            for source, precision in ((options.target, options.precision),
-                                                     (options.draft, options.draft_precision)))
+                                                     *([(options.draft, options.draft_precision)] if drafting else [])))
         dialog = PreparedModelsDialog(self, in_use)
         dialog.open()
         return dialog
