@@ -8,7 +8,7 @@ import time
 from .chat.detokenize import IncrementalDecoder
 from .chat.prompt import chat_prompt_ids
 from .engine.engine import GenerationOptions, SpeculativeEngine
-from .engine.errors import IncompatibleModelsError, ModelError, PromptTooLongError
+from .engine.errors import ModelError, PromptTooLongError
 from .engine.models import load_model, pick_device
 from .engine.steps import FinishReason, Source
 from .options import generation_options, load_options
@@ -28,11 +28,11 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     try:
         draft = load_model(args.draft, device, dtype, progress, precision=args.draft_precision)
         target = load_model(args.target, device, dtype, progress, precision=args.precision)
-        try:
-            engine = SpeculativeEngine(target, draft, args.draft_vocabulary, load_options(args).kv_cache_dtype)
-        except IncompatibleModelsError as error:  # as the window: the target alone, by prompt lookup
-            print(f"note: {error}; {target.name} runs alone, speculating by prompt lookup", file=sys.stderr)
-            engine, draft = SpeculativeEngine(target, None, kv_cache=load_options(args).kv_cache_dtype), None
+        engine = SpeculativeEngine.for_pair(target, draft, args.draft_vocabulary, load_options(args).kv_cache_dtype)
+        if engine.draft_refused:  # as the window: the target alone, by prompt lookup
+            print(f"note: {engine.draft_refused}; {target.name} runs alone, speculating by prompt lookup",
+                  file=sys.stderr)
+            draft = None
     except ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ import torch
 from .cached_model import cached, pass_seconds
 from .choices import COMMON_TOKENS, GenerationOptions, ProposerKind
 from .draft_vocabulary import DraftVocabulary
-from .errors import EngineBusyError
+from .errors import EngineBusyError, IncompatibleModelsError
 from .loop import Limits, read_ahead_into, speculative_generate
 from .lowbit import kernel
 from .models import LoadedModel, check_compatible, shared_vocab_width
@@ -42,10 +42,23 @@ class SpeculativeEngine:
         self._target = cached(target.model, width, kv_cache)
         self._draft = cached(draft.model, width, kv_cache) if draft is not None else None
         self.draft_vocabulary = DraftVocabulary.for_draft(self._draft, width, draft_vocabulary) if draft is not None else None
-        self.draft_refused: str | None = None  # why the draft chosen for this target was left out (ModelCache)
+        self.draft_refused: str | None = None  # why the draft chosen for this target was left out (for_pair)
         self.costs = CostModel()  # what a draft token and a verification cost here, across requests
         self._saved_root: Path | None = None  # where the models' caches are saved between runs
         self._busy = threading.Lock()
+
+    @classmethod
+    def for_pair(cls, target: LoadedModel, draft: LoadedModel, draft_vocabulary: int = COMMON_TOKENS,
+                 kv_cache: torch.dtype | None = None) -> SpeculativeEngine:
+        """The engine for a chosen pair; for a draft of another vocabulary than the target's (a
+        Llama GGUF beside the default Qwen draft) the target alone, speculating by prompt lookup,
+        rather than none, with draft_refused saying why."""
+        try:
+            return cls(target, draft, draft_vocabulary, kv_cache)
+        except IncompatibleModelsError as error:
+            engine = cls(target, None, kv_cache=kv_cache)
+            engine.draft_refused = str(error)
+            return engine
 
     def generate(
         self, prompt_ids: list[int], options: GenerationOptions, cancel: threading.Event | None = None

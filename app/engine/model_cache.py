@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 from ..options import LoadOptions
 from .choices import Precision
-from .errors import IncompatibleModelsError
 
 if TYPE_CHECKING:
     from .engine import SpeculativeEngine
@@ -48,8 +47,7 @@ class ModelCache:
     def engine(self, ticket: int, chosen: LoadOptions, report: Report) -> SpeculativeEngine | None:
         """Loads what `chosen` needs (keeping models already loaded), builds and calibrates the
         engine; None when a newer request arrived meanwhile. Raises ModelError for bad models. A draft
-        whose vocabulary differs from the target's is dropped: the engine has none, and its
-        draft_refused says why."""
+        whose vocabulary differs from the target's is dropped (SpeculativeEngine.for_pair)."""
         from .calibration import calibrate_remembered
         from .engine import SpeculativeEngine
         from .models import load_model, pick_device
@@ -66,15 +64,10 @@ class ModelCache:
                     self.models[key] = (self.load or load_model)(key[0], device, dtype, report, precision=key[1])
                 if not self.is_current(ticket):
                     return None
-            try:
-                engine = SpeculativeEngine(self.models[keys[0]], self.models[keys[1]], chosen.draft_vocabulary,
-                                           chosen.kv_cache_dtype)
-            except IncompatibleModelsError as error:
-                # A target of another family than the draft (a Llama GGUF beside the default Qwen
-                # draft): it runs alone, speculating by prompt lookup, rather than not at all.
-                del self.models[keys[1]]  # its memory back
-                engine = SpeculativeEngine(self.models[keys[0]], None, kv_cache=chosen.kv_cache_dtype)
-                engine.draft_refused = str(error)
+            engine = SpeculativeEngine.for_pair(self.models[keys[0]], self.models[keys[1]], chosen.draft_vocabulary,
+                                                chosen.kv_cache_dtype)
+            if engine.draft_refused:
+                del self.models[keys[1]]  # a draft of another vocabulary: its memory back
             report("Measuring draft and verification costs", None)
             calibrate_remembered(engine)
             if self.saved_caches is not None:

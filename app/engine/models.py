@@ -120,9 +120,7 @@ def load_model(
             kernel_name = KERNEL_NAMES.get(machine_isa())
             kernel_note = (f", slow path: {slow_path}" if slow_path is not None
                            else f", {kernel_name} kernel" if kernel_name else "")
-            # "lowbit" is a GGUF's own blocks; a float model's is 8 bits
-            shown = "8bit" if precision is Precision.LOWBIT and not packaged and Path(source).suffix.lower() != ".gguf" \
-                else precision.value
+            shown = "8bit" if precision is Precision.LOWBIT and prepared.float_model(source) else precision.value
             return LoadedModel(name, model, tokenizer, f"{shown}{kernel_note}")
         if on_cpu:
             check_fits(name, None if packaged else Path(source).expanduser(), None, precision, prepared=False)

@@ -50,6 +50,12 @@ def noted_source(source: str) -> str:
     return str(path.resolve())
 
 
+def float_model(source: str) -> bool:
+    """Whether a source is a float model (a folder or hub id), whose low bit is 8 bits, not a
+    GGUF's own blocks."""
+    return source not in default_models.DEFAULTS and not source.lower().endswith(".gguf")
+
+
 def noted_precision(precision: Precision | str) -> str:
     """What a copy notes as its precision: fp32 and int8 load the same float32 copy."""
     precision = Precision(precision)

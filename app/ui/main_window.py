@@ -443,13 +443,13 @@ class MainWindow(QMainWindow):
         (modal in use; returned shown for tests)."""
         from ..engine.prepared import noted_precision, noted_source
 
-        loaded, chosen = self._loaded_options, self.controls.load_options()  # (chosen: loading, maybe)
         drafting = self.engine is None or self.engine.draft is not None  # not a draft of another vocabulary
-        in_use = frozenset((noted_source(source), noted_precision(precision))
-                           for options in {loaded, chosen} - {None}
-                           for source, precision in ((options.target, options.precision),
-                                                     *([(options.draft, options.draft_precision)] if drafting else [])))
-        dialog = PreparedModelsDialog(self, in_use)
+        used = []
+        for options in {self._loaded_options, self.controls.load_options()} - {None}:  # loaded, and loading
+            used.append((options.target, options.precision))
+            if drafting:
+                used.append((options.draft, options.draft_precision))
+        dialog = PreparedModelsDialog(self, frozenset((noted_source(s), noted_precision(p)) for s, p in used))
         dialog.open()
         return dialog
 

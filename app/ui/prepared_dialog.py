@@ -101,8 +101,7 @@ def precision_label(copy: prepared.PreparedCopy) -> str:
         precision = Precision(copy.precision)
     except ValueError:
         return ""
-    # a model folder's (or hub id's) low bit is 8 bits; a GGUF's, its own blocks
-    float_model = copy.source not in (None, *default_models.DEFAULTS) and not copy.source.lower().endswith(".gguf")
+    float_model = copy.source is not None and prepared.float_model(copy.source)
     return "8-bit" if float_model and precision is Precision.LOWBIT else PRECISION_LABELS[precision]
 
 
