@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .bench.arguments import seed_arguments, speed_arguments, ui_arguments
-from .options import DEFAULTS, add_engine_arguments
+from .options import CHAT_DEFAULTS, DEFAULTS, add_engine_arguments, chat_options, generation_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="chat in the terminal")
     add_engine_arguments(chat)
     chat.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
+    chat.add_argument("--repeat-penalty", type=float, default=CHAT_DEFAULTS.sampling.repeat_penalty,
+                      help="each token among the last --repeat-last-n scores lower (1 = off); greedy decoding too")
+    chat.add_argument("--repeat-last-n", type=int, default=DEFAULTS.sampling.repeat_last_n)
     chat.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=True,
                       help="off: a reasoning model whose chat template can switch thinking off (Qwen3) answers directly")
     bench = commands.add_parser("bench", help="headless benchmarks")
@@ -32,7 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:  # a value out of range is refused before the models load, not after
+        if args.command == "chat":
+            chat_options(args)
+        elif args.command == "bench" and hasattr(args, "temperature"):
+            generation_options(args)
+    except ValueError as error:
+        parser.error(str(error))
     if args.command == "bench":
         from .engine.errors import ModelError
 

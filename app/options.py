@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULTS = GenerationOptions()
+# The chats' defaults (the window's and the terminal's) add a repeat penalty of 1.1, LM Studio's and
+# Ollama's default: greedy decoding of the small default models otherwise often ends in a line
+# repeated to the token limit. The benchmarks decode without one, as llama.cpp's own tools do.
+CHAT_DEFAULTS = replace(DEFAULTS, sampling=replace(DEFAULTS.sampling, repeat_penalty=1.1))
 
 
 @dataclass(frozen=True)
@@ -81,3 +85,10 @@ def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptio
         seed=args.seed, lookup=args.lookup,
     )
     return replace(options, **overrides)
+
+
+def chat_options(args: argparse.Namespace) -> GenerationOptions:
+    """The terminal chat's flags as options: generation_options and the chat's own."""
+    options = generation_options(args, max_new_tokens=args.max_new_tokens)
+    return replace(options, sampling=replace(options.sampling, repeat_penalty=args.repeat_penalty,
+                                             repeat_last_n=args.repeat_last_n))

@@ -11,7 +11,7 @@ from .engine.engine import GenerationOptions, SpeculativeEngine
 from .engine.errors import ModelError, PromptTooLongError
 from .engine.models import load_model, pick_device
 from .engine.steps import FinishReason, Source
-from .options import generation_options, load_options
+from .options import chat_options, load_options
 
 # Okabe-Ito-like colours that stay apart for colour-blind readers.
 ANSI = {Source.ACCEPTED: "\033[38;5;39m", Source.CORRECTED: "\033[38;5;208m", Source.BONUS: "\033[38;5;178m",
@@ -42,7 +42,7 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     print(f"Ready ({target.name}: {target.precision}; {drafting}). "
           f"{CONTINUE} goes on with an answer cut short; an empty line or Ctrl-D quits. {legend}", file=sys.stderr)
     messages: list[dict[str, str]] = []
-    options = generation_options(args, max_new_tokens=args.max_new_tokens)
+    options = chat_options(args)
     decoder: IncrementalDecoder | None = None  # the last answer's tokens and text
     cut_short = False  # the last answer stopped at its length limit or was stopped
     while True:

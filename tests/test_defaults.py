@@ -1,4 +1,6 @@
 """Every entry point starts from the same generation defaults (issue 7)."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -6,7 +8,7 @@ from app.cli import build_parser
 from app.engine import lean_decoder
 from app.engine.engine import GenerationOptions
 from app.engine.choices import default_draft_precision
-from app.options import DEFAULTS, LOAD_DEFAULTS, generation_options, load_options
+from app.options import CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS, chat_options, generation_options, load_options
 
 
 def parsed(*argv: str):
@@ -33,12 +35,25 @@ def test_the_draft_is_3_bit_only_where_the_kernel_gains_from_it(monkeypatch, isa
 
 
 def test_terminal_chat_and_benchmarks_parse_to_the_defaults():
-    for argv in (["chat"], ["bench", "speed"], ["bench", "seed"]):
+    for argv in (["bench", "speed"], ["bench", "seed"]):
         args = parsed(*argv)
-        budget = args.max_new_tokens if argv == ["chat"] else DEFAULTS.max_new_tokens
-        assert generation_options(args, max_new_tokens=budget) == DEFAULTS, argv
+        assert generation_options(args) == DEFAULTS, argv  # decoding as llama.cpp's tools do: no repeat penalty
         assert load_options(args) == LOAD_DEFAULTS, argv
-    assert parsed("chat").max_new_tokens == DEFAULTS.max_new_tokens
+    assert chat_options(parsed("chat")) == CHAT_DEFAULTS  # the window's, too (below)
+    assert load_options(parsed("chat")) == LOAD_DEFAULTS
+    assert CHAT_DEFAULTS == replace(DEFAULTS, sampling=replace(DEFAULTS.sampling, repeat_penalty=1.1))
+
+
+def test_the_chats_repeat_penalty_flags_reach_the_options_and_bad_values_stop_before_the_models_load(capsys):
+    sampling = chat_options(parsed("chat", "--repeat-penalty", "1.3", "--repeat-last-n", "16")).sampling
+    assert (sampling.repeat_penalty, sampling.repeat_last_n) == (1.3, 16)
+    from app.cli import main
+
+    for argv in (["chat", "--repeat-penalty", "0"], ["chat", "--top-p", "3"], ["bench", "speed", "--top-p", "3"]):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+    assert "top_p must be in (0, 1], got 3.0" in capsys.readouterr().err
 
 
 def test_window_controls_start_from_the_defaults(qtbot):
@@ -46,7 +61,7 @@ def test_window_controls_start_from_the_defaults(qtbot):
 
     panel = ControlsPanel("CPU")
     qtbot.addWidget(panel)
-    assert panel.generation_options() == DEFAULTS
+    assert panel.generation_options() == CHAT_DEFAULTS
     assert panel.load_options() == LOAD_DEFAULTS
 
 

@@ -6,12 +6,15 @@ import torch
 
 from app.engine import verify as verify_module
 from app.engine.engine import GenerationOptions, SpeculativeEngine
-from app.engine.sampling import SamplingParams, logits_to_probs
+from app.engine.sampling import SamplingParams, logits_to_probs, penalize_repeats
 from tests.tiny import tiny_model
 
 ORIGINAL_VERIFY_SAMPLED = verify_module.verify_sampled
 VOCAB = 6
 PROMPT = [1, 2, 3]
+# One token: with few tokens penalised by the prompt, a target row that missed the draft token
+# before it (and so did not penalise it) moves the distribution far beyond the noise.
+ONE_TOKEN = [0]
 # Its last three tokens came before: the first step proposes what followed them, with no model.
 REPEATING_PROMPT = [1, 2, 3, 1, 2, 3]
 # Every drafted x repeats "2 5 x", seen before followed by x + 5: the draft model's first token
@@ -23,13 +26,15 @@ N_SAMPLES = 2500
 
 def exact_two_token_distribution(target, params, prompt):
     """P(t1, t2 | prompt) under target-only sampling, from the target's own logits."""
-    model = target.model
-    with torch.no_grad():
-        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)
-        joint = torch.zeros(VOCAB, VOCAB)
-        for t1 in range(VOCAB):
-            second = logits_to_probs(model(torch.tensor([prompt + [t1]])).logits[0, -1], params)
-            joint[t1] = first[t1] * second
+    def probs(text):
+        with torch.no_grad():
+            logits = target.model(torch.tensor([text])).logits[:, -1]
+        return logits_to_probs(penalize_repeats(logits, text, [], params)[0], params)
+
+    first = probs(prompt)
+    joint = torch.zeros(VOCAB, VOCAB)
+    for t1 in range(VOCAB):
+        joint[t1] = first[t1] * probs(prompt + [t1])
     return joint
 
 
@@ -56,13 +61,16 @@ def pair():
 
 NUCLEUS = {"top_p": 0.9}
 ALL_FILTERS = {"top_k": 4, "top_p": 0.95, "min_p": 0.05}  # at temperature 1 here, each removes tokens the others keep
+REPEATS = {"repeat_penalty": 1.8, "top_p": 0.95}  # the penalty before the filters, as the draft applies it too
+OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
 
 
 @pytest.mark.parametrize(("rule", "temperature", "adaptive", "prompt", "filters"), [
     ("correct", 0.7, False, PROMPT, NUCLEUS), ("correct", 1.0, False, PROMPT, NUCLEUS),
     ("correct", 0.7, True, PROMPT, NUCLEUS), ("wrong", 0.7, False, PROMPT, NUCLEUS),
     ("correct", 0.7, False, REPEATING_PROMPT, NUCLEUS), ("correct", 0.7, False, REPEATS_AFTER_A_DRAFT, NUCLEUS),
-    ("correct", 1.0, False, PROMPT, ALL_FILTERS),
+    ("correct", 1.0, False, PROMPT, ALL_FILTERS), ("correct", 1.0, False, ONE_TOKEN, REPEATS),
+    ("correct", 0.7, False, REPEATS_AFTER_A_DRAFT, REPEATS),
 ])
 def test_two_token_distribution(pair, temperature, rule, adaptive, prompt, filters, monkeypatch):
     if rule == "wrong":
@@ -71,7 +79,7 @@ def test_two_token_distribution(pair, temperature, rule, adaptive, prompt, filte
     params = SamplingParams(temperature=temperature, **filters)
     expected = exact_two_token_distribution(target, params, prompt)
     for name in filters:  # every filter must matter, or the case proves nothing about it
-        loosened = {**filters, name: {"top_k": 0, "top_p": 1.0, "min_p": 0.0}[name]}
+        loosened = {**filters, name: OFF[name]}
         assert not torch.equal(expected, exact_two_token_distribution(target, SamplingParams(temperature, **loosened), prompt))
     engine = SpeculativeEngine(target, draft)
     counts, looked_up = torch.zeros(VOCAB, VOCAB), 0
@@ -89,7 +97,7 @@ def test_two_token_distribution(pair, temperature, rule, adaptive, prompt, filte
     tv = 0.5 * (counts / N_SAMPLES - expected).abs().sum().item()
     # Sampling noise alone: E[TV] ~ 0.5 * sum sqrt(2 p (1-p) / (pi N)); allow twice that.
     noise = 0.5 * sum((2 * p * (1 - p) / (torch.pi * N_SAMPLES)) ** 0.5 for p in expected.flatten().tolist())
-    assert (looked_up > 0) == (prompt != PROMPT)  # the lookup cases did look up
+    assert (looked_up > 0) == (prompt not in (PROMPT, ONE_TOKEN))  # the lookup cases did look up
     if rule == "correct":
         assert tv < 2 * noise, f"TV {tv:.3f} vs noise {noise:.3f}"
     else:

@@ -58,13 +58,16 @@ def test_a_full_sized_or_float_output_layer_gets_no_subset(model, tiny_target):
 
 
 @pytest.mark.parametrize("k", [2, 5])
-def test_greedy_output_is_the_targets_and_only_the_vocabulary_is_drafted(model, k):
+@pytest.mark.parametrize("repeat_penalty", [1.0, 1.3])
+def test_greedy_output_is_the_targets_and_only_the_vocabulary_is_drafted(model, k, repeat_penalty):
     # The draft is the target itself, so every rejection comes from the vocabulary: a token
-    # outside it cannot be drafted, the target corrects to it, and its block joins.
+    # outside it cannot be drafted, the target corrects to it, and its block joins. With a repeat
+    # penalty the draft must find the recent tokens among its columns to agree.
     engine = SpeculativeEngine(model, model, COMMON)
     prompt = [3, 1, 4, 1, 5, 90]
-    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=60)
-    steps = all_steps(engine, prompt, k=k, adaptive=False, max_new_tokens=60)
+    sampling = SamplingParams(repeat_penalty=repeat_penalty)
+    plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=60, sampling=sampling)
+    steps = all_steps(engine, prompt, k=k, adaptive=False, max_new_tokens=60, sampling=sampling)
     assert [t.id for s in steps for t in s.tokens] == plain
 
     blocks = set(range(COMMON // BLOCK)) | {t // BLOCK for t in prompt}

@@ -6,6 +6,7 @@ import torch
 
 from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from app.engine.policy import CostAwareK, CostModel
+from app.engine.sampling import SamplingParams
 from app.engine.steps import FinishReason, Source
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model
@@ -57,6 +58,32 @@ def test_adaptive_k_gives_target_output(tiny_target, tiny_draft, draft_name):
     for prompt in PROMPTS:
         plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW)
         assert generated_ids(engine, prompt, k=2, adaptive=True, max_new_tokens=N_NEW) == plain
+
+
+PENALTY = SamplingParams(repeat_penalty=1.5, repeat_last_n=8)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_plain_decoding_with_a_repeat_penalty_over_everything_equals_transformers(tiny_target, prompt):
+    # transformers' repetition penalty looks at the whole text: a window longer than it is the same
+    whole = SamplingParams(repeat_penalty=1.5, repeat_last_n=len(prompt) + N_NEW)
+    expected = tiny_target.model.generate(torch.tensor([prompt]), max_new_tokens=N_NEW, min_new_tokens=N_NEW,
+                                          do_sample=False, repetition_penalty=1.5)[0, len(prompt):].tolist()
+    assert expected != hf_greedy(tiny_target, prompt, N_NEW)  # the penalty matters here
+    engine = SpeculativeEngine(tiny_target)
+    assert generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW, sampling=whole) == expected
+
+
+@pytest.mark.parametrize("draft_name", ["same", "unrelated"])
+def test_speculative_output_with_a_repeat_penalty_is_the_targets(tiny_target, tiny_draft, draft_name):
+    engine = SpeculativeEngine(tiny_target, tiny_target if draft_name == "same" else tiny_draft)
+    for prompt in PROMPTS:
+        plain = generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW, sampling=PENALTY)
+        assert plain != generated_ids(engine, prompt, speculative=False, max_new_tokens=N_NEW)
+        steps = all_steps(engine, prompt, k=4, max_new_tokens=N_NEW, sampling=PENALTY)
+        assert [t.id for s in steps for t in s.tokens] == plain
+        if draft_name == "same":  # the draft penalises its tokens as the target's rows do
+            assert steps[-1].stats.acceptance_rate == 1.0
 
 
 def costs(verify_ms: dict[int, float], draft_ms: float) -> CostModel:

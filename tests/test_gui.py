@@ -11,6 +11,7 @@ from app.engine.steps import FinishReason
 from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from app.engine.errors import ModelError
 from app.engine.sampling import SamplingParams
+from app.options import CHAT_DEFAULTS
 from app.ui.main_window import READ_AHEAD_AFTER_MS, MainWindow
 from app.ui.theme import LIGHT
 from tests.tiny import tiny_model
@@ -269,8 +270,12 @@ def test_k_and_adaptive_reach_the_engine(qtbot, make_window, seen):
 def test_sampling_filters_reach_the_engine_and_are_remembered(qtbot, make_window, seen):
     window = make_window()
     assert not window.controls.min_p.isEnabled()  # greedy by default: the filters do nothing
-    chosen = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)
-    for control, value in (("temperature", 0.8), ("top_k", 40), ("top_p", 0.9), ("min_p", 0.05)):
+    assert window.controls.repeat_penalty.isEnabled()  # but a repeat penalty does
+    send_and_wait(qtbot, window)
+    assert seen[-1].sampling == CHAT_DEFAULTS.sampling != SamplingParams()
+    chosen = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.25)
+    for control, value in (("temperature", 0.8), ("top_k", 40), ("top_p", 0.9), ("min_p", 0.05),
+                           ("repeat_penalty", 1.25)):
         getattr(window.controls, control).setValue(value)
     assert window.controls.min_p.isEnabled()
     send_and_wait(qtbot, window)

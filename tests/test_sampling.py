@@ -1,8 +1,8 @@
-"""The nucleus filter and the draw: fast paths that must give what the plain definitions give."""
+"""The nucleus filter, the draw and the repeat penalty: fast paths that must give what the plain definitions give."""
 import pytest
 import torch
 
-from app.engine.sampling import SamplingParams, argmax, draw, logits_to_probs
+from app.engine.sampling import SamplingParams, argmax, draw, logits_to_probs, penalize_repeats
 
 
 def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -62,3 +62,30 @@ def test_argmax_is_torchs_first_largest_on_rows_and_vectors():
     assert torch.equal(argmax(values[:, ::2]), values[:, ::2].argmax(-1))  # not contiguous
     half = values.half()  # not float32: torch's own
     assert torch.equal(argmax(half), half.argmax(-1))
+
+
+def penalised_by_definition(logits: list[float], text: list[int], penalty: float, last_n: int) -> list[float]:
+    """llama.cpp's repeat penalty on one row, written out."""
+    recent = set(text[-last_n:])
+    return [(x / penalty if x > 0 else x * penalty) if token in recent else x for token, x in enumerate(logits)]
+
+
+def test_the_repeat_penalty_lowers_each_recent_token_once_in_every_row():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -0.2, 1.0]] * 3)
+    params = SamplingParams(repeat_penalty=2.0, repeat_last_n=3)
+    text, drafted = [0, 4, 1, 1], [5, 3]  # row i follows text + drafted[:i]
+    out = penalize_repeats(logits, text, drafted, params)
+    for row in range(3):
+        expected = penalised_by_definition(logits[row].tolist(), text + drafted[:row], 2.0, 3)
+        assert out[row].tolist() == pytest.approx(expected)
+    assert out[0].tolist() == pytest.approx([2.0, -2.0, 0.5, 3.0, -0.4, 1.0])  # 4 and 1 (twice: once lowered)
+    assert out[2].tolist() == pytest.approx([2.0, -2.0, 0.5, 1.5, -0.2, 0.5])  # 1, 5, 3: 4 has left the window
+    assert logits[0, 1] == -1.0  # the caller's logits stay as they were
+    assert penalize_repeats(logits, text, drafted, SamplingParams()) is logits  # off: nothing to do
+
+
+def test_the_repeat_penalty_finds_tokens_by_column_over_part_of_the_vocabulary():
+    columns = torch.tensor([7, 2, 9, 4])  # the token id of each column
+    logits = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
+    out = penalize_repeats(logits, [9, 2, 5], [], SamplingParams(repeat_penalty=1.25), columns)
+    assert out[0].tolist() == pytest.approx([1.0, 0.8, -1.25, 1.0])

@@ -202,10 +202,12 @@ def test_compare_repeats_the_shown_versions_own_settings_also_after_a_reopen(tmp
 
 
 def test_the_sampling_filters_are_saved_with_an_answer_and_older_answers_still_read():
-    made = GenerationOptions(sampling=SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05), seed=3)
+    made = GenerationOptions(sampling=SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05,
+                                                     repeat_penalty=1.2, repeat_last_n=32), seed=3)
     assert options_of(settings_of(made), GenerationOptions()).sampling == made.sampling
     older = json.loads(settings_of(made))
-    del older["min_p"]  # saved before min-p existed
+    for name in ("min_p", "repeat_penalty", "repeat_last_n"):  # saved before these existed: made without them
+        del older[name]
     assert options_of(json.dumps(older), GenerationOptions()).sampling == SamplingParams(0.8, 40, 0.9, 0.0)
 
 

@@ -50,7 +50,8 @@ def settings_of(options: GenerationOptions) -> str:
     sampling = options.sampling
     return json.dumps({"proposer": options.proposer.value, "k": options.k, "adaptive": options.adaptive,
                        "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                       "min_p": sampling.min_p,
+                       "min_p": sampling.min_p, "repeat_penalty": sampling.repeat_penalty,
+                       "repeat_last_n": sampling.repeat_last_n,
                        "seed": options.seed, "max_new_tokens": options.max_new_tokens})
 
 
@@ -63,7 +64,9 @@ def options_of(saved: str, fallback: GenerationOptions) -> GenerationOptions:
                        adaptive=bool(settings["adaptive"]), seed=int(settings["seed"]),
                        max_new_tokens=int(settings["max_new_tokens"]),
                        sampling=SamplingParams(float(settings["temperature"]), int(settings["top_k"]),
-                                               float(settings["top_p"]), float(settings.get("min_p", 0.0))))
+                                               float(settings["top_p"]), float(settings.get("min_p", 0.0)),
+                                               float(settings.get("repeat_penalty", 1.0)),
+                                               int(settings.get("repeat_last_n", SamplingParams.repeat_last_n))))
     except (KeyError, TypeError, ValueError):  # json's decode error is a ValueError
         return fallback
 

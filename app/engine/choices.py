@@ -48,6 +48,10 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1.0: no nucleus filter
     min_p: float = 0.0  # 0: keep every token; else only those at least min_p times the likeliest's probability
+    # llama.cpp's repeat penalty (LM Studio's "Repeat Penalty"): each token among the text's last
+    # repeat_last_n scores lower before anything else applies, greedy decoding included (1: off)
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -58,6 +62,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.repeat_penalty <= 0:
+            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < 1:
+            raise ValueError(f"repeat_last_n must be >= 1, got {self.repeat_last_n}")
 
     @property
     def greedy(self) -> bool:

@@ -16,7 +16,7 @@ from .errors import PromptTooLongError
 from .policy import DraftLengthPolicy
 from .prefix_cache import keep_prefix
 from .proposers import Draft, Proposer
-from .sampling import SamplingParams, logits_to_probs
+from .sampling import SamplingParams, logits_to_probs, penalize_repeats
 from .steps import EmittedToken, FinishReason, Source, Stats, Step, first_stop
 from .verify import verify
 
@@ -93,7 +93,8 @@ def speculative_generate(
         draft_tokens = draft.tokens.to(target.device)
         target_start = clock.now()
         step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])
-        target_probs = logits_to_probs(target.forward(step_input, keep=len(draft) + 1), params)
+        target_logits = target.forward(step_input, keep=len(draft) + 1)  # [len(draft) + 1, V]
+        target_probs = logits_to_probs(penalize_repeats(target_logits, tokens, draft_tokens.tolist(), params), params)
         draft_seconds, target_seconds = target_start - draft_start, clock.now() - target_start
         n_accepted, next_token = verify(draft_tokens, draft.probs, target_probs, params, generator)
 

@@ -11,7 +11,7 @@ import torch
 from .cached_model import CachedModel
 from .draft_vocabulary import DraftVocabulary
 from .prefix_cache import keep_prefix
-from .sampling import SamplingParams, logits_to_probs, sample
+from .sampling import SamplingParams, logits_to_probs, penalize_repeats, sample
 from .steps import first_stop
 
 
@@ -182,6 +182,9 @@ class DraftModelProposer(_Committed):
         drafted: list[int] = []  # token ids, on the host for the stop and lookup checks
         probs, looked_up, confidences = [], [], []
         for i in range(k):
+            # penalised as the target's row for this token will be, so that the two agree
+            text = self.ids[-self.params.repeat_last_n :] + drafted
+            logits = penalize_repeats(logits.unsqueeze(0), text, [], self.params, self._columns())[0]
             step_probs = logits_to_probs(logits, self.params)
             choice = sample(step_probs, self.params, self.generator)  # a column of the logits
             drafted.append(int(self._token_ids(choice.view(1))))
@@ -236,6 +239,10 @@ class DraftModelProposer(_Committed):
         if self.vocabulary is None:
             return self.model.forward(token_ids, keep=1)[0]
         return self.model.forward(token_ids, keep=1, vocabulary=self.vocabulary)[0]
+
+    def _columns(self) -> torch.Tensor | None:
+        """The token id of each column of the logits (None: the column is the id)."""
+        return None if self.vocabulary is None else self.vocabulary.ids
 
     def _token_ids(self, choices: torch.Tensor) -> torch.Tensor:
         return choices if self.vocabulary is None else self.vocabulary.ids[choices]

@@ -34,6 +34,31 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return logits.softmax(-1)
 
 
+def penalize_repeats(logits: torch.Tensor, text: list[int], following: list[int], params: SamplingParams,
+                     columns: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [rows, V], row i scoring the token after text + following[:i] -> the same with
+    llama.cpp's repeat penalty: in each row, every token among the last params.repeat_last_n of
+    its text has its logit divided by the penalty where positive and multiplied where not. The
+    same tensor when the penalty is off. columns [V]: the token id of each column (a draft over
+    part of the vocabulary), else the column is the id.
+
+    Draft and target penalise alike; exactness needs only that the target's rows see the very
+    text plain decoding would give them, which row i's (text + the draft tokens before it) is."""
+    penalty, last_n = params.repeat_penalty, params.repeat_last_n
+    if penalty == 1.0:
+        return logits
+    logits = logits.float().clone()
+    recent = text[-last_n:] + following  # row i looks at recent[i : len(window) + i]
+    for row in range(logits.shape[0]):
+        end = len(recent) - len(following) + row
+        ids = torch.tensor(sorted(set(recent[max(0, end - last_n) : end])), dtype=torch.long, device=logits.device)
+        if columns is not None:
+            ids = torch.isin(columns, ids).nonzero().squeeze(1)
+        scores = logits[row, ids]
+        logits[row, ids] = torch.where(scores > 0, scores / penalty, scores * penalty)
+    return logits
+
+
 def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """logits [..., V] -> the same with every token outside its row's nucleus at -inf: the most
     likely tokens, each kept while those before it fall short of top_p (the first always stays).

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QSpinBox, QTabWidget, QWidget)
 
 from ..engine.choices import CACHE_TYPES, GenerationOptions, Precision, ProposerKind, SamplingParams
-from ..options import DEFAULTS, LOAD_DEFAULTS, LoadOptions
+from ..options import CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS, LoadOptions
 
 DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
 DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]
@@ -118,6 +118,15 @@ class ControlsPanel(QTabWidget):
         self.min_p.setValue(DEFAULTS.sampling.min_p)
         self.min_p.setSpecialValueText("off")
         self.min_p.setToolTip("Drop tokens less likely than this fraction of the likeliest token's probability")
+        self.repeat_penalty = QDoubleSpinBox()
+        self.repeat_penalty.setRange(1.0, 2.0)
+        self.repeat_penalty.setSingleStep(0.05)
+        self.repeat_penalty.setValue(CHAT_DEFAULTS.sampling.repeat_penalty)
+        self.repeat_penalty.setSpecialValueText("off")
+        self.repeat_penalty.setToolTip(
+            f"Make each token among the last {DEFAULTS.sampling.repeat_last_n} less likely (llama.cpp's and LM Studio's\n"
+            "repeat penalty), greedy decoding too: small models otherwise often repeat a line to the\n"
+            "token limit. Off: the target's own greedy answer. Speculation keeps the answer either way.")
         self.max_new_tokens = QSpinBox()
         self.max_new_tokens.setRange(1, 8192)
         self.max_new_tokens.setValue(DEFAULTS.max_new_tokens)
@@ -128,7 +137,8 @@ class ControlsPanel(QTabWidget):
         # column took the acceptance view's chart its axis labels at 1280x800.
         grid = QGridLayout(sampling)
         pairs = [("Temperature", self.temperature), ("Top-k", self.top_k), ("Top-p", self.top_p),
-                 ("Min-p", self.min_p), ("Max new tokens", self.max_new_tokens), ("Seed", self.seed)]
+                 ("Min-p", self.min_p), ("Repeat penalty", self.repeat_penalty), ("Max new tokens", self.max_new_tokens),
+                 ("Seed", self.seed)]
         for index, (label, field) in enumerate(pairs):
             row, column = divmod(index, 2)
             grid.addWidget(QLabel(label), row, 2 * column)
@@ -139,7 +149,7 @@ class ControlsPanel(QTabWidget):
         self.thinking.setEnabled(False)
         self.thinking.setToolTip("On, a reasoning model such as Qwen3 thinks before it answers; off, it answers\n"
                                  "directly, sooner and shorter. Disabled where the target's chat template has no switch.")
-        rows = len(pairs) // 2
+        rows = -(-len(pairs) // 2)
         grid.addWidget(self.thinking, rows, 0, 1, 4)
         grid.setRowStretch(rows + 1, 1)
         for page, title in ((speculation, "Speculation"), (models, "Models"), (sampling, "Sampling")):
@@ -171,7 +181,8 @@ class ControlsPanel(QTabWidget):
             k=self.k.value(),
             adaptive=self.adaptive.isChecked(),
             sampling=SamplingParams(temperature=self.temperature.value(), top_k=self.top_k.value(),
-                                    top_p=self.top_p.value(), min_p=self.min_p.value()),
+                                    top_p=self.top_p.value(), min_p=self.min_p.value(),
+                                    repeat_penalty=self.repeat_penalty.value()),
             seed=self.seed.value(),
             max_new_tokens=self.max_new_tokens.value(),
             lookup=DEFAULTS.lookup if self.lookup.isChecked() else 0,

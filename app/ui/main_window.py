@@ -267,6 +267,7 @@ class MainWindow(QMainWindow):
         c.top_k.setValue(s.value("top_k", c.top_k.value(), int))
         c.top_p.setValue(s.value("top_p", c.top_p.value(), float))
         c.min_p.setValue(s.value("min_p", c.min_p.value(), float))
+        c.repeat_penalty.setValue(s.value("repeat_penalty", c.repeat_penalty.value(), float))
         c.max_new_tokens.setValue(s.value("max_new_tokens", c.max_new_tokens.value(), int))
         c.seed.setValue(s.value("seed", c.seed.value(), int))
         c.thinking.setChecked(s.value("thinking", True, bool))
@@ -284,7 +285,8 @@ class MainWindow(QMainWindow):
                            ("lookup", c.lookup.isChecked()),
                            ("proposer", options.proposer.value), ("temperature", options.sampling.temperature),
                            ("top_k", options.sampling.top_k), ("top_p", options.sampling.top_p),
-                           ("min_p", options.sampling.min_p), ("max_new_tokens", options.max_new_tokens),
+                           ("min_p", options.sampling.min_p), ("repeat_penalty", options.sampling.repeat_penalty),
+                           ("max_new_tokens", options.max_new_tokens),
                            ("seed", options.seed), ("thinking", c.thinking.isChecked()),
                            ("colouring", self.colouring.isChecked()),
                            ("ghosts", self.ghosts.isChecked()), ("theme", self.theme.name),
