@@ -42,6 +42,10 @@ def test_logits_over_the_vocabulary_are_the_output_layers_own(model):
     assert vocabulary.ids[real].tolist() == expected_ids
     assert int((~real).sum()) == 7 * BLOCK - VOCAB  # the padding, never drafted
     assert torch.equal(logits[real], full[expected_ids])  # the same arithmetic, column by column
+    # and back: each id's column (the repeat penalty finds recent tokens so); none for ids outside
+    assert vocabulary.columns_of(torch.tensor(expected_ids)).tolist() == real.nonzero().squeeze(1).tolist()
+    # 100 lies in block 3, not drafted; 199 is 7 into block 6, the subset's fourth; 131 3 into block 4, its third
+    assert vocabulary.columns_of(torch.tensor([100, 199, 131])).tolist() == [3 * BLOCK + 7, 2 * BLOCK + 3]
 
     probs = vocabulary.spread(logits_to_probs(logits[None], SamplingParams()))[0]
     assert probs.shape == (VOCAB,)

@@ -85,7 +85,8 @@ def test_the_repeat_penalty_lowers_each_recent_token_once_in_every_row():
 
 
 def test_the_repeat_penalty_finds_tokens_by_column_over_part_of_the_vocabulary():
-    columns = torch.tensor([7, 2, 9, 4])  # the token id of each column
+    columns = {7: 0, 2: 1, 9: 2, 4: 3}  # the column of each token id the logits hold
     logits = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
-    out = penalize_repeats(logits, [9, 2, 5], [], SamplingParams(repeat_penalty=1.25), columns)
+    columns_of = lambda ids: torch.tensor([columns[i] for i in ids.tolist() if i in columns], dtype=torch.long)
+    out = penalize_repeats(logits, [9, 2, 5], [], SamplingParams(repeat_penalty=1.25), columns_of)
     assert out[0].tolist() == pytest.approx([1.0, 0.8, -1.25, 1.0])

@@ -111,6 +111,14 @@ class DraftVocabulary:
             logits.masked_fill_(self._padding, float("-inf"))
         return logits
 
+    def columns_of(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids [n] -> the columns of `logits` that hold those of them in the subset [m <= n]."""
+        self._gather()
+        token_ids = token_ids[token_ids < self.width]
+        at = self._block_at[token_ids // BLOCK]
+        inside = at >= 0
+        return at[inside] * BLOCK + token_ids[inside] % BLOCK
+
     def spread(self, probs: torch.Tensor) -> torch.Tensor:
         """probs [n, S] over the subset -> [n, V] over the whole vocabulary (zero outside)."""
         # Added, not copied: a padding column shares its id with a real token and adds exactly 0.
@@ -125,6 +133,8 @@ class DraftVocabulary:
         tiles = (extra[:, None] * (BLOCK // TILE) + torch.arange(BLOCK // TILE)).flatten()
         self._extra = self.head.packed.tiles(tiles) if len(extra) else None
         blocks = torch.cat([torch.arange(common_blocks), extra])
+        self._block_at = torch.full((self.all_blocks,), -1, dtype=torch.long)  # each block's place in the subset
+        self._block_at[blocks] = torch.arange(len(blocks))
         ids = (blocks[:, None] * BLOCK + torch.arange(BLOCK)).flatten()
         padding = ids >= self.width  # ids past the vocabulary in its last block: their logits are -inf
         self._padding = padding if padding.any() else None

@@ -184,7 +184,8 @@ class DraftModelProposer(_Committed):
         for i in range(k):
             # penalised as the target's row for this token will be, so that the two agree
             text = self.ids[-self.params.repeat_last_n :] + drafted
-            logits = penalize_repeats(logits.unsqueeze(0), text, [], self.params, self._columns())[0]
+            columns_of = None if self.vocabulary is None else self.vocabulary.columns_of
+            logits = penalize_repeats(logits.unsqueeze(0), text, [], self.params, columns_of)[0]
             step_probs = logits_to_probs(logits, self.params)
             choice = sample(step_probs, self.params, self.generator)  # a column of the logits
             drafted.append(int(self._token_ids(choice.view(1))))
@@ -239,10 +240,6 @@ class DraftModelProposer(_Committed):
         if self.vocabulary is None:
             return self.model.forward(token_ids, keep=1)[0]
         return self.model.forward(token_ids, keep=1, vocabulary=self.vocabulary)[0]
-
-    def _columns(self) -> torch.Tensor | None:
-        """The token id of each column of the logits (None: the column is the id)."""
-        return None if self.vocabulary is None else self.vocabulary.ids
 
     def _token_ids(self, choices: torch.Tensor) -> torch.Tensor:
         return choices if self.vocabulary is None else self.vocabulary.ids[choices]

@@ -7,6 +7,7 @@ display and for confidence-based draft stopping.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -35,12 +36,12 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def penalize_repeats(logits: torch.Tensor, text: list[int], following: list[int], params: SamplingParams,
-                     columns: torch.Tensor | None = None) -> torch.Tensor:
+                     columns_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """logits [rows, V], row i scoring the token after text + following[:i] -> the same with
     llama.cpp's repeat penalty: in each row, every token among the last params.repeat_last_n of
     its text has its logit divided by the penalty where positive and multiplied where not. The
-    same tensor when the penalty is off. columns [V]: the token id of each column (a draft over
-    part of the vocabulary), else the column is the id.
+    same tensor when the penalty is off. columns_of: token ids [n] -> the columns holding them
+    (a draft over part of the vocabulary); without it the column is the id.
 
     Draft and target penalise alike; exactness needs only that the target's rows see the very
     text plain decoding would give them, which row i's (text + the draft tokens before it) is."""
@@ -48,14 +49,13 @@ def penalize_repeats(logits: torch.Tensor, text: list[int], following: list[int]
     if penalty == 1.0:
         return logits
     logits = logits.float().clone()
-    recent = text[-last_n:] + following  # row i looks at recent[i : len(window) + i]
+    recent = text[-last_n:] + following  # row i looks at the last_n before recent[len(text window) + i]
     for row in range(logits.shape[0]):
         end = len(recent) - len(following) + row
-        ids = torch.tensor(sorted(set(recent[max(0, end - last_n) : end])), dtype=torch.long, device=logits.device)
-        if columns is not None:
-            ids = torch.isin(columns, ids).nonzero().squeeze(1)
-        scores = logits[row, ids]
-        logits[row, ids] = torch.where(scores > 0, scores / penalty, scores * penalty)
+        ids = torch.tensor(sorted(set(recent[max(0, end - last_n) : end])), dtype=torch.long)
+        columns = (ids if columns_of is None else columns_of(ids)).to(logits.device)
+        scores = logits[row, columns]
+        logits[row, columns] = torch.where(scores > 0, scores / penalty, scores * penalty)
     return logits
 
 
