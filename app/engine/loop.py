@@ -94,7 +94,7 @@ def speculative_generate(
         target_start = clock.now()
         step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])
         target_logits = target.forward(step_input, keep=len(draft) + 1)  # [len(draft) + 1, V]
-        target_probs = logits_to_probs(penalize_repeats(target_logits, tokens, draft_tokens.tolist(), params), params)
+        target_probs = logits_to_probs(penalize_repeats(target_logits, tokens, draft.tokens.tolist(), params), params)
         draft_seconds, target_seconds = target_start - draft_start, clock.now() - target_start
         n_accepted, next_token = verify(draft_tokens, draft.probs, target_probs, params, generator)
 
