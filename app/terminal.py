@@ -32,13 +32,12 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
         if engine.draft_refused:  # as the window: the target alone, by prompt lookup
             print(f"note: {engine.draft_refused}; {target.name} runs alone, speculating by prompt lookup",
                   file=sys.stderr)
-            draft = None
     except ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     colour = sys.stdout.isatty()
     legend = " ".join(f"{ANSI[s]}{s.value}{RESET}" for s in Source) if colour else ""
-    drafting = f"draft {draft.name}: {draft.precision}" if draft else "no draft model"
+    drafting = f"draft {engine.draft.name}: {engine.draft.precision}" if engine.draft else "no draft model"
     print(f"Ready ({target.name}: {target.precision}; {drafting}). "
           f"{CONTINUE} goes on with an answer cut short; an empty line or Ctrl-D quits. {legend}", file=sys.stderr)
     messages: list[dict[str, str]] = []

@@ -158,28 +158,14 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     """A GGUF's own blocks, or a model folder (a hub id's in the local Hugging Face cache too)
     quantized, from a prepared copy that the first start writes: later starts read it in seconds."""
     bits, feed_forward_bits = precision.requantized_bits
-    path = Path(source).expanduser()
-    folder = packaged is None and path.is_dir()
-    if packaged is None and not folder and path.suffix.lower() != ".gguf":
-        _prepared_source(source, report)  # a path that does not exist is refused, with the reason
-        path = _hub_snapshot(source)
-        if path is None:
-            from huggingface_hub.constants import HF_HUB_CACHE
-
-            raise ModelError(f"Cannot load model '{source}': no such model folder or .gguf file, and no such hub id "
-                             f"in the local Hugging Face cache ({HF_HUB_CACHE})")
-        folder = True
     if packaged is not None:
-        copy = cache_dir() / f"{packaged.name}-{precision.value}"
-    elif folder:
-        _prepared_source(str(path), report)  # a folder without config.json is refused, with the reason
-        copy = cache_dir() / f"{Path(source).name}-{_file_key(path)}-{precision.value}"
-    else:
-        if not path.is_file():
-            raise ModelError(f"GGUF file not found: {path}")
-        copy = cache_dir() / f"{path.stem}-{_file_key(path)}-{precision.value}"
-    check_fits(packaged.name if packaged else Path(source).name, None if packaged else path,
-               packaged.size if packaged else None, precision, prepared=lowbit_store.is_complete(copy))
+        path, copy = None, cache_dir() / f"{packaged.name}-{precision.value}"
+    else:  # a file or folder, else a hub id's files in the local Hugging Face cache; a copy per version of them
+        path = _local_source(source) or _local_source(str(_cached_hub_snapshot(source)))
+        name = Path(source).name if path.is_dir() else path.stem
+        copy = cache_dir() / f"{name}-{_file_key(path)}-{precision.value}"
+    check_fits(packaged.name if packaged else Path(source).name, path, packaged.size if packaged else None,
+               precision, prepared=lowbit_store.is_complete(copy))
     if lowbit_store.is_complete(copy):
         report(f"Loading {copy.name}", None)
         try:
@@ -190,7 +176,7 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
             warnings.warn(f"SpecChat: the prepared copy in {copy} could not be read ({error!r}); "
                           "it is prepared again from its source", stacklevel=2)
             shutil.rmtree(copy, ignore_errors=True)
-    if folder:
+    if path is not None and path.is_dir():
         model, tokenizer = _quantized_folder(path, bits or 8, feed_forward_bits, report)
     else:
         model, tokenizer = _repacked_gguf(packaged, path, bits, feed_forward_bits, copy.name, report)
@@ -205,7 +191,7 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     return loaded
 
 
-def _repacked_gguf(packaged: default_models.PackagedGGUF | None, path: Path, bits: int | None,
+def _repacked_gguf(packaged: default_models.PackagedGGUF | None, path: Path | None, bits: int | None,
                    feed_forward_bits: int | None, name: str, report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     gguf_path = default_models.assemble(
         packaged, cache_dir() / f"{packaged.name}.gguf", lambda stage, f: report(stage, f)
@@ -249,14 +235,16 @@ def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase
     return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, **known)
 
 
-def _hub_snapshot(source: str) -> Path | None:
-    """The folder of a hub id's files in the local Hugging Face cache, or None (not there)."""
+def _cached_hub_snapshot(source: str) -> Path:
+    """The folder of a hub id's files in the local Hugging Face cache, refused when it is not there."""
     from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
 
     try:
         return Path(snapshot_download(source, local_files_only=True))
-    except Exception:  # not cached, not a repository id, or the cache unreadable
-        return None
+    except Exception as error:  # not cached, not a repository id, or the cache unreadable
+        raise ModelError(f"Cannot load model '{source}': no such model folder or .gguf file, and no such hub id "
+                         f"in the local Hugging Face cache ({HF_HUB_CACHE})") from error
 
 
 def _file_key(path: Path) -> str:
@@ -291,19 +279,30 @@ def _local_only(folder: str | Path) -> dict:
     return {} if Path(folder).is_dir() else {"local_files_only": True}
 
 
-def _prepared_source(source: str, report: Progress) -> str | Path:
+def _local_source(source: str) -> Path | None:
+    """A model folder's or GGUF file's path, refused with the reason when it cannot be one; None for
+    what reads as a hub id."""
     path = Path(source).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
-        return _dequantized(path, cache_dir() / f"{path.stem}-{_file_key(path)}", path.stem, report)
+        return path
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not a Hugging Face model folder (no config.json)")
         return path
     if path.exists() or source.startswith((".", "/", "~")):
         raise ModelError(f"Model not found: {source} (expected a model folder, a .gguf file or a hub id)")
-    return source  # a hub id: loaded with local_files_only, so only from the local HF cache
+    return None
+
+
+def _prepared_source(source: str, report: Progress) -> str | Path:
+    """A float model to load: a model folder, a GGUF's dequantized copy, or a hub id (loaded with
+    local_files_only, so only from the local Hugging Face cache)."""
+    path = _local_source(source)
+    if path is None:
+        return source
+    return _dequantized(path, cache_dir() / f"{path.stem}-{_file_key(path)}", path.stem, report) if path.is_file() else path
 
 
 def _prepared_default(packaged: default_models.PackagedGGUF, report: Progress) -> Path:
