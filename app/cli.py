@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -17,6 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.",
                         help="the message for --screenshot")
     parser.add_argument("--dark", action="store_true", help="dark theme for --screenshot")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print what the app does (status messages, messages sent, answers finished, errors) "
+                             "to standard error")
     commands = parser.add_subparsers(dest="command")
     chat = commands.add_parser("chat", help="chat in the terminal")
     add_engine_arguments(chat)
@@ -37,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verbose:  # the app's own lines only, not every library's
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        logging.getLogger("specchat").addHandler(handler)
+        logging.getLogger("specchat").setLevel(logging.INFO)
     try:  # a value out of range is refused before the models load, not after
         if args.command == "chat":
             chat_options(args)

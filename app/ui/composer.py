@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QMimeData, Qt, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QFocusEvent, QKeyEvent
 from PySide6.QtWidgets import QPlainTextEdit
 
 
@@ -13,6 +13,7 @@ class Composer(QPlainTextEdit):
     send_requested = Signal(str)
     stop_requested = Signal()
     files_dropped = Signal(list)  # [Path]: local files dropped or pasted
+    focused = Signal()  # the keyboard's input now comes here
 
     def __init__(self) -> None:
         super().__init__()
@@ -29,6 +30,10 @@ class Composer(QPlainTextEdit):
             self.stop_requested.emit()
             return
         super().keyPressEvent(event)
+
+    def focusInEvent(self, event: QFocusEvent) -> None:
+        super().focusInEvent(event)
+        self.focused.emit()
 
     def canInsertFromMimeData(self, source: QMimeData) -> bool:
         return bool(_local_files(source)) or super().canInsertFromMimeData(source)

@@ -1,6 +1,7 @@
 """The main window: sidebar of chats, conversation and composer, controls and acceptance."""
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class LoadResult:
     error: str | None = None
 
 
+log = logging.getLogger("specchat.window")  # what the window does, for `python -m app --verbose`
 READING_PROMPT = "Reading the prompt:"  # the status bar while a long prompt is read
 READ_AHEAD_AFTER_MS = 400
 
@@ -216,6 +218,8 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         self.composer.send_requested.connect(self.send)
+        self.composer.focused.connect(lambda: log.info("the message box has the keyboard focus"))
+        self.statusBar().messageChanged.connect(lambda text: text and log.info("status: %s", text))
         self.chat_view.action_requested.connect(self.on_message_action)
         self.composer.stop_requested.connect(self.stop)
         self.composer.files_dropped.connect(self.insert_files)
@@ -404,6 +408,7 @@ class MainWindow(QMainWindow):
             self.send(self.composer.toPlainText().strip())
         else:
             self._read_ahead_timer.start()  # a message typed while the models loaded
+        log.info("models ready")
         self.models_ready.emit()
 
     def add_model(self) -> None:
@@ -563,11 +568,13 @@ class MainWindow(QMainWindow):
     def send(self, text: str) -> None:
         if text and self.engine is None and self.loading and not self.session.busy:
             self._send_when_ready = True
+            log.info("message of %d characters waits for the models", len(text))
             self.statusBar().showMessage("The models are still loading: your message is sent as soon as they are ready "
                                          "(Esc keeps it here).")
             return
         if not text or not self._can_start():
             return
+        log.info("message of %d characters sent", len(text))
         self.composer.clear()
         options = self.controls.generation_options()
         if self.editing is not None:
@@ -771,6 +778,7 @@ class MainWindow(QMainWindow):
         self._show_memory()
         self.set_busy(False)
         self._read_ahead_timer.start()  # what was typed meanwhile
+        log.info("answer finished")
         self.answer_finished.emit()
 
     def _show_memory(self) -> None:
@@ -789,6 +797,7 @@ class MainWindow(QMainWindow):
 
     def show_error(self, title: str, message: str) -> None:
         self.statusBar().showMessage(f"{title}: {message}", 10000)
+        log.warning("error shown: %s: %s", title, message)
         box = QMessageBox(QMessageBox.Warning, title, message, QMessageBox.Ok, self)
         box.setModal(False)
         box.show()
