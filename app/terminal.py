@@ -18,6 +18,14 @@ ANSI = {Source.ACCEPTED: "\033[38;5;39m", Source.CORRECTED: "\033[38;5;208m", So
         Source.PLAIN: ""}
 RESET = "\033[0m"
 CONTINUE = "/continue"
+# What a model writes may hold control characters: an escape sequence would act on the terminal
+# (clear it, retitle it, move the cursor) instead of showing. Only newlines and tabs pass as they are.
+_SHOWN_ESCAPED = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)] if chr(code) not in "\n\t"}
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters written out (ESC as \\x1b), for a terminal."""
+    return text.translate(_SHOWN_ESCAPED)
 
 
 def run_terminal_chat(args: argparse.Namespace) -> int:
@@ -87,7 +95,7 @@ def _stream(engine: SpeculativeEngine, prompt_ids: list[int], options: Generatio
     try:
         for step in engine.generate(prompt_ids, options):
             for token in step.tokens:
-                piece = decoder.push(token.id)
+                piece = printable(decoder.push(token.id))
                 print(f"{ANSI[token.source]}{piece}{RESET}" if colour else piece, end="", flush=True)
     except KeyboardInterrupt:
         print("\n[stopped]", file=sys.stderr)

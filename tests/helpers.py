@@ -1,4 +1,10 @@
+import struct
+
 from app.engine.engine import GenerationOptions, SpeculativeEngine
+
+# The smallest well-formed GGUF: its header (version 3), no fields, no tensors. Tests whose loaders
+# are stand-ins need a file that passes the structural check, and nothing more.
+EMPTY_GGUF = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
 
 
 def options(**overrides) -> GenerationOptions:

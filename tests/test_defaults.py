@@ -138,6 +138,14 @@ def test_the_terminal_chat_runs_a_target_of_another_family_alone(tiny_target, mo
     assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
+def test_the_terminal_chat_shows_control_characters_instead_of_obeying_them():
+    """An answer holding ESC [2J would clear the user's terminal, a BEL ring it, ESC ]0; retitle it."""
+    from app.terminal import printable
+
+    assert printable("a\x1b[2Jb\x07\x9b\x1b]0;owned\x07 x\n\ty") == "a\\x1b[2Jb\\x07\\x9b\\x1b]0;owned\\x07 x\n\ty"
+    assert printable("naïve → ok") == "naïve → ok"
+
+
 @pytest.mark.parametrize("bench", ["speed", "seed"])
 def test_the_benchmarks_report_a_bad_model_file_in_a_line(bench, tmp_path, capsys):
     """A missing or corrupt GGUF file stops a benchmark with what is wrong with it (exit status 2),
@@ -148,7 +156,7 @@ def test_the_benchmarks_report_a_bad_model_file_in_a_line(bench, tmp_path, capsy
     corrupt.write_bytes(b"not a GGUF file")
     (tmp_path / "gsm8k_test.jsonl").write_text('{"question": "What is 2 + 2?", "answer": "#### 4"}\n')
     data = {"speed": ["--data", str(tmp_path / "gsm8k_test.jsonl")], "seed": ["--data-dir", str(tmp_path), "--tasks", "gsm8k"]}
-    for path, reason in ((tmp_path / "missing.gguf", "not found"), (corrupt, "GGUF magic")):
+    for path, reason in ((tmp_path / "missing.gguf", "not found"), (corrupt, "not a readable GGUF file")):
         assert main(["bench", bench, "--draft", str(path), "--target", str(path), "--limit", "1", *data[bench]]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and reason in err and str(path) in err

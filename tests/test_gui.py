@@ -14,6 +14,7 @@ from app.engine.sampling import SamplingParams
 from app.options import CHAT_DEFAULTS
 from app.ui.main_window import READ_AHEAD_AFTER_MS, MainWindow
 from app.ui.theme import LIGHT
+from tests.helpers import EMPTY_GGUF
 from tests.tiny import tiny_model
 
 pytest.importorskip("pytestqt")
@@ -400,10 +401,10 @@ def test_a_saved_model_whose_file_is_gone_is_marked_in_the_pickers(qtbot, make_w
         assert combo.itemText(index) == "deleted.gguf  (file not found)"
         assert "No such file or folder" in combo.itemData(index, Qt.ToolTipRole)
     assert window.controls.draft.itemText(window.controls.draft.findData("other-draft")) == "other-draft"
-    (tmp_path / "deleted.gguf").write_bytes(b"GGUF")  # the file is back and added again
+    (tmp_path / "deleted.gguf").write_bytes(EMPTY_GGUF)  # the file is back and added again
     window.add_model_source(gone)
     assert window.controls.target.itemText(window.controls.target.findData(gone)) == "deleted.gguf"
-    # four bytes are no readable GGUF: marked so, not blamed on the vocabulary, and still offered
+    # a GGUF without a tokenizer: marked so, not blamed on the vocabulary, and still offered
     draft = window.controls.draft
     qtbot.waitUntil(lambda: draft.itemText(draft.findData(gone)).endswith("(cannot be read)"), timeout=20_000)
     for combo in (window.controls.target, window.controls.draft):
@@ -918,7 +919,7 @@ def test_add_model_picks_a_file_or_folder_and_refuses_a_missing_path(qtbot, make
 
     gguf = tmp_path / "models" / "some-model.gguf"
     gguf.parent.mkdir()
-    gguf.write_bytes(b"GGUF")
+    gguf.write_bytes(EMPTY_GGUF)
     dialog = AddModelDialog(None, str(tmp_path))
     qtbot.addWidget(dialog)
     assert not dialog.buttons.button(QDialogButtonBox.Ok).isEnabled()

@@ -845,6 +845,7 @@ def test_a_built_kernel_is_loaded_as_it_is_without_a_compiler(tmp_path):
     folder = tmp_path / "kernels" / built.parent.name
     folder.mkdir(parents=True)
     shutil.copy(built, folder / built.name)
+    shutil.copy(kernel._stamp(built), kernel._stamp(folder / built.name))  # the hash its build noted
     env = {**os.environ, "SPECCHAT_CACHE": str(tmp_path), "PATH": str(tmp_path / "no-tools"), "CXX": "false"}
     code = "from app.engine.lowbit import kernel; print(kernel.why_not_native(), kernel.native().__file__)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,

@@ -9,7 +9,7 @@ from app.engine import default_models
 from app.engine.engine import GenerationOptions, SpeculativeEngine
 from app.engine.errors import ModelError
 from app.engine.models import Precision, check_compatible, load_model
-from tests.helpers import generated_ids
+from tests.helpers import EMPTY_GGUF, generated_ids
 from tests.tiny import tiny_model
 
 
@@ -32,7 +32,7 @@ def test_corrupt_gguf_file(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 100)
-    with pytest.raises(ModelError, match="Cannot read GGUF file"):
+    with pytest.raises(ModelError, match="broken.gguf is not a readable GGUF file: GGUF version 0"):
         load_model(str(bad))
 
 
@@ -116,7 +116,7 @@ def test_a_full_disk_while_preparing_a_model_says_so_and_leaves_nothing(tmp_path
     from app.engine.lowbit.modules import quantize_model
 
     gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF")
+    gguf.write_bytes(EMPTY_GGUF)
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(loader, "load_gguf_lowbit", lambda *_, **__: quantize_model(tiny_model(seed=1).model, 8))
     monkeypatch.setattr(models, "_gguf_tokenizer", lambda path, model_type: tiny_model(seed=1).tokenizer)
@@ -172,7 +172,7 @@ def test_a_damaged_prepared_copy_is_prepared_again(tmp_path, monkeypatch):
     from app.engine.lowbit.modules import quantize_model
 
     gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF")  # only its name, size and time key the prepared copy here
+    gguf.write_bytes(EMPTY_GGUF)  # only its name, size and time key the prepared copy here
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
     tiny = tiny_model(seed=1)
     repacked = []
@@ -244,6 +244,7 @@ def test_a_model_too_large_for_this_machine_is_refused_before_it_loads(tmp_path,
     monkeypatch.setattr(memory_check, "_total_memory", lambda: 16 * 2**30)
     huge = tmp_path / "qwen2.5-32b-q4_k_m.gguf"
     with open(huge, "wb") as handle:
+        handle.write(EMPTY_GGUF)
         handle.truncate(19 * 2**30)  # sparse: its size, no data
     with pytest.raises(ModelError, match=r"needs about 25\.6 GiB of memory while its first start repacks it, "
                                          r"and this machine has 16\.0 GiB in all"):
@@ -308,7 +309,7 @@ def test_prepared_copies_are_listed_and_a_changed_files_old_copy_is_dropped(tmp_
     monkeypatch.setattr(models, "_gguf_tokenizer", lambda path, model_type: tiny_model(seed=1).tokenizer)
     gguf, other = tmp_path / "model.gguf", tmp_path / "other.gguf"
     for path in (gguf, other):
-        path.write_bytes(b"GGUF")  # only name, size and time key a copy here
+        path.write_bytes(EMPTY_GGUF)  # only name, size and time key a copy here
     load_model(str(gguf))
     load_model(str(other))
     load_model(str(gguf), precision=Precision.BITS4)
@@ -353,3 +354,42 @@ def test_copies_prepared_before_they_noted_their_source_are_known_by_their_names
         ("Qwen2.5-Coder-0.5B-Instruct-3bit", "default-draft", "3bit"),
         ("Qwen2.5-Coder-1.5B-Instruct", "default-target", "fp32"),
         ("mine-0123456789abcdef-4bit", None, "4bit")]
+
+
+def test_an_assembled_file_of_the_right_size_is_checked_before_it_is_used_again(fake_parts, tmp_path):
+    out = default_models.assemble(fake_parts, tmp_path / "out" / "fake.gguf")
+    damaged = bytearray(out.read_bytes())
+    damaged[100] ^= 0xFF  # same size, one bad byte (a cut write the disk never flushed, a bad block)
+    out.write_bytes(bytes(damaged))
+    assert default_models.assemble(fake_parts, out).read_bytes() == b"alpha" * 1000 + b"beta" * 1000 + b"gamma" * 1000
+
+
+CUSTOM_CODE = '''
+from pathlib import Path
+Path(__file__).with_name("ran").write_text("the folder's own code ran")
+from transformers import PretrainedConfig
+class CustomConfig(PretrainedConfig):
+    model_type = "specchat-custom"
+'''
+
+
+def test_a_model_folders_own_code_never_runs_even_when_a_user_would_say_yes(tmp_path):
+    """transformers asks on standard input before it runs a folder's code (auto_map); the app
+    refuses such folders without asking, so no answer typed, or piped, can let it run."""
+    import json
+    import subprocess
+
+    folder = tmp_path / "custom"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "specchat-custom", "auto_map": {
+        "AutoConfig": "configuration_custom.CustomConfig", "AutoModelForCausalLM": "configuration_custom.CustomConfig",
+        "AutoTokenizer": ["configuration_custom.CustomConfig", None]}}))
+    (folder / "configuration_custom.py").write_text(CUSTOM_CODE)
+    script = ("import sys\nfrom app.engine.errors import ModelError\nfrom app.engine.models import load_model, load_tokenizer\n"
+              "for load in (load_tokenizer, load_model, lambda f: load_model(f, precision='fp32')):\n"
+              "    try:\n        load(sys.argv[1])\n    except ModelError as error:\n        print('refused')\n")
+    run = subprocess.run([sys.executable, "-c", script, str(folder)], input="y\n" * 10, capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parents[1],
+                         env={**__import__("os").environ, "SPECCHAT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"})
+    assert not (folder / "ran").exists(), run.stdout + run.stderr
+    assert run.stdout.split() == ["refused"] * 3, run.stdout + run.stderr[-2000:]

@@ -202,3 +202,24 @@ def test_a_read_only_folder_raises_nothing(tmp_path, monkeypatch):
     store.forget(copy(BLOCK, 1).ids)
     trim(tmp_path, max_bytes=0)
     assert taken(store, copy(BLOCK, 1).ids, cached=0) is None  # forgotten, though its file stays
+
+
+def test_an_index_naming_files_outside_its_folder_is_not_trusted(tmp_path):
+    """A crafted index ("../" in a digest) would have its copies dropped, that is deleted, outside
+    the folder; it is read as no index at all."""
+    victim = tmp_path / "victim.pt"
+    victim.write_bytes(b"a file of the user's")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "index.json").write_text('{"entries": [{"digests": ["../victim"], "tokens": 1000000000}]}')
+    store = SavedPrefixes(folder)
+    assert store.entries == {}
+    store.save([])
+    store.forget(CHAT)
+    assert victim.read_bytes() == b"a file of the user's"
+
+
+def test_saved_copies_are_private(tmp_path):
+    saved_run("float", tmp_path / "caches")
+    for path in (tmp_path / "caches").rglob("*"):
+        assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path

@@ -303,3 +303,21 @@ def test_a_prompt_switches_thinking_off_only_where_the_template_can():
     assert switches_thinking(tokenizer)
     off, on = chat_prompt_ids(tokenizer, messages, thinking=False), chat_prompt_ids(tokenizer, messages)
     assert off == on + tokenizer("t90", add_special_tokens=False).input_ids
+
+
+def test_a_regenerated_answer_is_saved_as_it_grows(tmp_path, engine):
+    """A kill while a regenerated answer streams keeps what it had a second before, as a new
+    version beside the answer it regenerates."""
+    ticks = itertools.count(step=0.6)
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"), clock=lambda: next(ticks))
+    first = run(session, engine, session.ask("t1", engine, options(k=2, max_new_tokens=8))).stats.token_ids
+    sampled = replace(options(k=2, max_new_tokens=40), sampling=SamplingParams(temperature=1.0), seed=5)
+    run(session, engine, session.regenerate(engine, sampled), stop_after=6)  # killed
+    reopened = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    reopened.open_chat(session.conversation.id)
+    last = reopened.conversation.messages[-1]
+    assert len(last.versions) == 2 and last.shown == 1
+    assert last.versions[0].stats.token_ids == first  # the answer it regenerates, untouched
+    assert last.stats.finish is FinishReason.INTERRUPTED and last.stats.tokens > 0
+    run(reopened, engine, reopened.regenerate(engine, sampled))  # a whole one adds one version more, not two
+    assert len(reopened.conversation.messages[-1].versions) == 3

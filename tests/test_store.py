@@ -92,3 +92,91 @@ def test_full_disk_is_a_clear_error_and_keeps_saved_messages(tmp_path):
     with pytest.raises(StoreError, match="Could not save the message.*earlier messages are safe"):
         store.add_message(chat, Message("user", "y" * (page_size * 4)))
     assert [m.content for m in store.load_chat(chat.id).messages] == ["first"]
+
+
+def saved_chat(path, messages=3):
+    store = ChatStore(path)
+    chat = Conversation(title="kept")
+    for index in range(messages):
+        store.add_message(chat, Message("user", f"message {index} " + "z" * 5000))
+    store.close()
+    return chat
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed page"])
+def test_a_damaged_database_is_moved_aside_and_a_new_one_starts(tmp_path, damage):
+    path = tmp_path / "c.sqlite3"
+    if damage == "garbage":
+        path.write_bytes(b"this is not a database" * 100)
+    else:
+        saved_chat(path, messages=40)
+        data = bytearray(path.read_bytes())
+        if damage == "truncated":
+            data = data[: len(data) // 2]
+        else:
+            page = 4096
+            data[3 * page : 5 * page] = bytes(2 * page)  # pages of the messages' tree, gone
+        path.write_bytes(bytes(data))
+    damaged = path.read_bytes()
+    store = ChatStore(path)
+    assert store.damaged_copy is not None and store.damaged_copy.name.startswith("c.sqlite3.damaged-")
+    assert store.damaged_copy.read_bytes() == damaged  # kept as it was, for the user to rescue
+    assert store.list_chats() == []
+    saved_chat(path, messages=1)  # the new one works
+    assert ChatStore(path).damaged_copy is None
+
+
+def test_a_database_that_cannot_be_opened_is_not_moved_aside(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    path.mkdir()  # a folder in its place: an error, but no damage of ours to mend
+    with pytest.raises(StoreError, match="Cannot open the chats"):
+        ChatStore(path)
+    assert path.is_dir() and list(tmp_path.iterdir()) == [path]
+
+
+SIZE_LIMITED = textwrap.dedent("""
+    import os, resource, signal, sys
+    from app.chat.conversation import Conversation, Message
+    from app.chat.store import ChatStore, StoreError
+    store = ChatStore(sys.argv[1])
+    chat = Conversation(title="t")
+    store.add_message(chat, Message("user", "first"))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
+    size = os.path.getsize(sys.argv[1]) + os.path.getsize(sys.argv[1] + "-wal")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 4096, size + 4096))
+    try:
+        store.add_message(chat, Message("user", "y" * 200000))
+    except StoreError as error:
+        print("refused:", error)
+""")
+
+
+def test_an_io_error_while_writing_is_a_clear_error_and_keeps_what_was_saved(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    result = subprocess.run([sys.executable, "-c", SIZE_LIMITED, str(path)], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.dirname(__file__)), timeout=60)
+    assert "refused: Could not save the message" in result.stdout, result.stderr
+    chats = ChatStore(path).list_chats()
+    assert [m.content for m in ChatStore(path).load_chat(chats[0][0]).messages] == ["first"]
+
+
+def test_a_message_whose_chat_another_process_deleted_is_not_lost_silently(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    ours, theirs = ChatStore(path), ChatStore(path)
+    chat = Conversation(title="t")
+    ours.add_message(chat, Message("user", "question"))
+    growing = answer()
+    ours.add_message(chat, growing)
+    theirs.delete_chat(chat.id)
+    growing.content += " and more"
+    with pytest.raises(StoreError, match="no longer there"):
+        ours.update_message(growing)
+    with pytest.raises(StoreError, match="Could not save"):  # a foreign key failure, not a raw sqlite3 error
+        ours.add_message(chat, Message("user", "next"))
+
+
+def test_the_chats_are_private(tmp_path):
+    path = tmp_path / "data" / "c.sqlite3"
+    saved_chat(path, messages=1)
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600

@@ -82,6 +82,7 @@ class ChatSession:
         self.thinking = True  # False: reasoning models whose template can switch thinking off answer directly
         self._saved_at = 0.0
         self._streaming_id: int | None = None  # the streaming answer's row in the store, once saved
+        self._version_saved = False  # the regenerated answer's version is in the store
 
     # ---- chats ------------------------------------------------------------------------------
     @property
@@ -205,7 +206,7 @@ class ChatSession:
         if continues is not None:
             prompt_ids += continues.stats.token_ids
         self.request = Request(kind, prompt_ids, options)
-        self._saved_at, self._streaming_id = self.clock(), None
+        self._saved_at, self._streaming_id, self._version_saved = self.clock(), None, False
         return self.request
 
     def streaming_message(self) -> Message | None:
@@ -232,6 +233,8 @@ class ChatSession:
                 self._save_streaming(self.builder, FinishReason.INTERRUPTED)
             elif self.request.kind is RequestKind.CONTINUE and self.builder.has_new_tokens:
                 self._grow_last(self.builder.message(FinishReason.INTERRUPTED))
+            elif self.request.kind is RequestKind.REGENERATE and self.builder.has_new_tokens:
+                self._save_version(self.builder.message(FinishReason.INTERRUPTED))
             self._saved_at = self.clock()
 
     def finish(self) -> Message | None:
@@ -250,7 +253,7 @@ class ChatSession:
             self._save(lambda: self.store.update_message(answer))
             return answer
         if request.kind is RequestKind.REGENERATE:
-            return self._add_version(builder.message())
+            return self._save_version(builder.message())
         if request.kind is RequestKind.CONTINUE:
             return self._grow_last(builder.message())
         message = self._save_streaming(builder, None)
@@ -263,12 +266,17 @@ class ChatSession:
             if self.request.kind is RequestKind.ANSWER:
                 self.conversation.messages.append(self._save_streaming(self.builder, FinishReason.INTERRUPTED))
             elif self.request.kind is RequestKind.REGENERATE:
-                self._add_version(self.builder.message(FinishReason.INTERRUPTED))
+                self._save_version(self.builder.message(FinishReason.INTERRUPTED))
             elif self.request.kind is RequestKind.CONTINUE:
                 self._grow_last(self.builder.message(FinishReason.INTERRUPTED))
         self.builder = self.request = None
 
-    def _add_version(self, answer: Message) -> Message:
+    def _save_version(self, answer: Message) -> Message:
+        """A regenerated answer as a new version of the last message: added at its first save,
+        grown at the later ones (each second while it streams, then at its end)."""
+        if self._version_saved:
+            return self._grow_last(answer)
+        self._version_saved = True
         message = self.conversation.messages[-1]
         message.add_version(answer)
         self._save(lambda: self.store.update_message(message))

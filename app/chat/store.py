@@ -1,7 +1,9 @@
 """SQLite persistence of conversations, one transaction per finished message.
 
 SQLite's journal makes each write all-or-nothing, so a crash or kill mid-write leaves the
-previous state intact; WAL mode lets readers go on while a write is under way.
+previous state intact; WAL mode lets readers go on while a write is under way. A file that is
+not a database, or a damaged one, is moved aside under a name that says so (nothing is deleted)
+and a new database starts in its place. The folder is owner-only and the file 0600.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import platformdirs
 
+from ..engine.files import PRIVATE_FILE, private_folder, sync_folder
 from .conversation import AnswerStats, Conversation, Message, TokenRecord, Version
 
 SCHEMA = """
@@ -46,7 +49,7 @@ ADDED_COLUMNS = [
 
 
 class StoreError(Exception):
-    """Saving failed (disk full, read-only, ...); the message is for the user."""
+    """Saving or reading failed (disk full, read-only, damaged, ...); the message is for the user."""
 
 
 def default_path() -> Path:
@@ -57,28 +60,70 @@ def default_path() -> Path:
 class ChatStore:
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")  # a finished message survives power loss too
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.executescript(SCHEMA)
-        for table, column, definition in ADDED_COLUMNS:
-            if column not in {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}:
-                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        private_folder(self.path.parent)
+        self.damaged_copy: Path | None = None  # where a damaged database was moved aside at this open
+        self.damage = ""  # what SQLite said of it
+        try:
+            try:
+                self.db = self._open()
+            except sqlite3.OperationalError:  # cannot be opened or written (permissions, a full disk): as it is
+                raise
+            except sqlite3.DatabaseError as error:  # not a database, or damaged: kept aside, a new one here
+                self.damaged_copy, self.damage = self._move_aside(), str(error)
+                self.db = self._open()
+        except (sqlite3.Error, OSError) as error:
+            raise StoreError(f"Cannot open the chats in {self.path}: {error}") from error
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")  # a finished message survives power loss too
+            db.execute("PRAGMA foreign_keys=ON")
+            problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise sqlite3.DatabaseError("; ".join(problems[:3]))
+            db.executescript(SCHEMA)
+            for table, column, definition in ADDED_COLUMNS:
+                if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        except BaseException:
+            db.close()
+            raise
+        self.path.chmod(PRIVATE_FILE)
+        return db
+
+    def _move_aside(self) -> Path:
+        """Renames the damaged database, and its journal files with it (SQLite would replay them
+        into the new one), to `<name>.damaged-<time>`."""
+        aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            source = self.path.with_name(self.path.name + suffix)
+            if source.exists():
+                source.replace(aside.with_name(aside.name + suffix))
+        sync_folder(self.path.parent)
+        return aside
 
     def close(self) -> None:
         self.db.close()
 
     @contextmanager
     def _transaction(self, what: str):
-        """One transaction, all or nothing; a failure (disk full, read-only) becomes a StoreError."""
+        """One transaction, all or nothing; any database failure (disk full, read-only, damaged)
+        becomes a StoreError."""
         try:
             with self.db:
                 yield self.db
-        except sqlite3.OperationalError as error:
+        except sqlite3.Error as error:
             raise StoreError(f"Could not save {what} to {self.path}: {error}. "
                              "What is on screen stays; earlier messages are safe.") from error
+
+    @contextmanager
+    def _reading(self, what: str):
+        try:
+            yield self.db
+        except sqlite3.Error as error:
+            raise StoreError(f"Could not read {what} from {self.path}: {error}.") from error
 
     def _write(self, sql: str, args: tuple) -> int:
         with self._transaction("the change") as db:
@@ -105,9 +150,13 @@ class ChatStore:
     def update_message(self, message: Message) -> None:
         """Rewrites a saved message (a growing answer, a finished one, a comparison added)."""
         with self._transaction("the message") as db:
-            db.execute("UPDATE messages SET content = ?, tokens = ?, stats = ?, versions = ?, shown = ? WHERE id = ?",
-                       (message.content, json.dumps(message.tokens_as_dicts()), _stats_json(message),
-                        _versions_json(message), message.shown, message.id))
+            changed = db.execute(
+                "UPDATE messages SET content = ?, tokens = ?, stats = ?, versions = ?, shown = ? WHERE id = ?",
+                (message.content, json.dumps(message.tokens_as_dicts()), _stats_json(message),
+                 _versions_json(message), message.shown, message.id)).rowcount
+        if changed != 1:
+            raise StoreError(f"Could not save the message to {self.path}: it is no longer there (its chat was "
+                             "deleted meanwhile). What is on screen stays until you leave this chat.")
 
     def delete_message(self, message_id: int) -> None:
         self._write("DELETE FROM messages WHERE id = ?", (message_id,))
@@ -127,24 +176,25 @@ class ChatStore:
 
     def list_chats(self, search: str = "") -> list[tuple[int, str, float]]:
         """(id, title, updated), newest first; `search` matches titles and message text."""
-        if not search:
-            return self.db.execute("SELECT id, title, updated FROM chats ORDER BY updated DESC").fetchall()
-        pattern = f"%{search}%"
-        return self.db.execute(
-            "SELECT DISTINCT c.id, c.title, c.updated FROM chats c LEFT JOIN messages m ON m.chat_id = c.id "
-            "WHERE c.title LIKE ? OR m.content LIKE ? ORDER BY c.updated DESC",
-            (pattern, pattern),
-        ).fetchall()
+        with self._reading("the chats") as db:
+            if not search:
+                return db.execute("SELECT id, title, updated FROM chats ORDER BY updated DESC").fetchall()
+            pattern = f"%{search}%"
+            return db.execute(
+                "SELECT DISTINCT c.id, c.title, c.updated FROM chats c LEFT JOIN messages m ON m.chat_id = c.id "
+                "WHERE c.title LIKE ? OR m.content LIKE ? ORDER BY c.updated DESC",
+                (pattern, pattern),
+            ).fetchall()
 
     def load_chat(self, chat_id: int) -> Conversation:
-        row = self.db.execute("SELECT title, updated, system_prompt FROM chats WHERE id = ?", (chat_id,)).fetchone()
-        if row is None:
-            raise KeyError(chat_id)
+        with self._reading("the chat") as db:
+            row = db.execute("SELECT title, updated, system_prompt FROM chats WHERE id = ?", (chat_id,)).fetchone()
+            if row is None:
+                raise KeyError(chat_id)
+            rows = db.execute("SELECT id, role, content, tokens, stats, created, versions, shown FROM messages "
+                              "WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
         conversation = Conversation(title=row[0], id=chat_id, updated=row[1], system_prompt=row[2])
-        for message_id, role, content, tokens, stats, created, versions, shown in self.db.execute(
-            "SELECT id, role, content, tokens, stats, created, versions, shown FROM messages WHERE chat_id = ? "
-            "ORDER BY id", (chat_id,)
-        ):
+        for message_id, role, content, tokens, stats, created, versions, shown in rows:
             conversation.messages.append(Message(
                 role=role, content=content, tokens=[TokenRecord(**t) for t in json.loads(tokens)],
                 stats=AnswerStats.from_dict(json.loads(stats)) if role == "assistant" else None,

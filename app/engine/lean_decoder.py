@@ -134,12 +134,15 @@ class LeanDecoder:
                 new[..., : self.length] = old[..., : self.length]
         for old, new in zip(self.values, values):
             new[:, :, : self.length] = old[:, :, : self.length]
-        self.keys, self.values = keys, values
-        self._stack_caches = ([k[0] for k in keys], [v[0] for v in values])
+        tables = self._rotary
         if skeleton.static_rope(self.model.config):
             positions = torch.arange(capacity, device=self.device).view(1, capacity)
-            self._rotary = {kind: tuple(t[0] for t in rotary(torch.empty(0, device=self.device), positions))
-                            for kind, rotary in self._rotary_embeddings.items()}
+            tables = {kind: tuple(t[0] for t in rotary(torch.empty(0, device=self.device), positions))
+                      for kind, rotary in self._rotary_embeddings.items()}
+        # all swapped in one statement, after everything is made: a Ctrl-C in between would leave
+        # caches longer than their rotary table
+        self.keys, self.values, self._stack_caches, self._rotary = (
+            keys, values, ([k[0] for k in keys], [v[0] for v in values]), tables)
 
     def _attention(self, q: torch.Tensor, index: int, start: int, scale: float, exact_rows: bool) -> torch.Tensor:
         """q [1, heads, n, head_dim] over the cached keys -> [1, heads, n, head_dim].

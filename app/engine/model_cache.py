@@ -7,9 +7,15 @@ so an older load that finishes last can never replace the newer choice.
 
 torch and transformers are imported by the first load, on its thread: the window that holds a
 ModelCache opens without waiting for them.
+
+While a pair loads, a marker file names it. A load that ends the process (a crash in native code,
+the system's out-of-memory killer) leaves the marker behind, so that the next start can say which
+pair it was and not load it again blindly.
 """
 from __future__ import annotations
 
+import json
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..options import LoadOptions
 from .choices import Precision
+from .files import write_text
 
 if TYPE_CHECKING:
     from .engine import SpeculativeEngine
@@ -26,11 +33,14 @@ Report = Callable[[str, float | None], None]
 
 
 class ModelCache:
-    def __init__(self, load=None, saved_caches: Path | None = None) -> None:
+    def __init__(self, load=None, saved_caches: Path | None = None, load_marker: Path | None = None) -> None:
         """load: models.load_model's signature (its default); saved_caches: where the engines keep
-        copies of their caches between runs (none: not kept)."""
+        copies of their caches between runs (none: not kept); load_marker: the file that names the
+        pair while it loads (none: no marker)."""
         self.load = load
         self.saved_caches = saved_caches
+        self.load_marker = load_marker
+        self.crashed_load = _left_marker(load_marker)  # {"target", "draft"}: a load an earlier run died in
         self.device_text: str | None = None  # in words for the UI, once the first load picked the device
         self.models: dict[tuple[str, Precision], LoadedModel] = {}  # (source, precision) -> model
         self._lock = threading.Lock()
@@ -59,17 +69,44 @@ class ModelCache:
                 return None
             for key in [key for key in self.models if key not in keys]:
                 del self.models[key]  # free a replaced model before loading the next
-            for key in keys:
-                if key not in self.models:
-                    self.models[key] = (self.load or load_model)(key[0], device, dtype, report, precision=key[1])
-                if not self.is_current(ticket):
-                    return None
-            engine = SpeculativeEngine.for_pair(self.models[keys[0]], self.models[keys[1]], chosen.draft_vocabulary,
-                                                chosen.kv_cache_dtype)
-            if engine.draft_refused:
-                del self.models[keys[1]]  # a draft of another vocabulary: its memory back
-            report("Measuring draft and verification costs", None)
-            calibrate_remembered(engine)
+            self._mark(chosen)
+            try:
+                for key in keys:
+                    if key not in self.models:
+                        self.models[key] = (self.load or load_model)(key[0], device, dtype, report, precision=key[1])
+                    if not self.is_current(ticket):
+                        return None
+                engine = SpeculativeEngine.for_pair(self.models[keys[0]], self.models[keys[1]],
+                                                    chosen.draft_vocabulary, chosen.kv_cache_dtype)
+                if engine.draft_refused:
+                    del self.models[keys[1]]  # a draft of another vocabulary: its memory back
+                report("Measuring draft and verification costs", None)
+                calibrate_remembered(engine)  # the models' first passes: a native crash shows here too
+            finally:  # an error the window reports is no crash
+                self._mark(None)
             if self.saved_caches is not None:
                 engine.keep_saved_caches(self.saved_caches)
             return engine if self.is_current(ticket) else None
+
+    def _mark(self, chosen: LoadOptions | None) -> None:
+        if self.load_marker is None:
+            return
+        try:
+            if chosen is None:
+                self.load_marker.unlink(missing_ok=True)
+            else:
+                write_text(self.load_marker, json.dumps({"target": chosen.target, "draft": chosen.draft,
+                                                         "pid": os.getpid()}))
+        except OSError:  # a read-only or full disk: loads go on unmarked
+            pass
+
+
+def _left_marker(path: Path | None) -> dict | None:
+    """The pair an earlier run was loading when it died; None when there is none (or it is this one's)."""
+    try:
+        left = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(left, dict) or left.get("pid") == os.getpid():
+        return None
+    return {"target": str(left.get("target")), "draft": str(left.get("draft"))}

@@ -27,10 +27,11 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from . import default_models, prepared
-from .cache import written_whole
+from .files import remove_abandoned, written_whole
 from .choices import Precision
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
-from .errors import IncompatibleModelsError, ModelError
+from .errors import IncompatibleModelsError, ModelError, in_one_line
+from .lowbit import gguf_check
 from .lowbit import store as lowbit_store
 from .lowbit.cpu import machine_isa
 from .lowbit.kernel import KERNEL_NAMES, build_in_background, why_not_native
@@ -112,6 +113,7 @@ def load_model(
     on_cpu = torch.device(device).type == "cpu"
     packaged = default_models.DEFAULTS.get(source)
     name = packaged.name if packaged else Path(source).name or source
+    remove_abandoned(cache_dir())  # a killed first start's half-written copy: gigabytes
     try:
         if on_cpu and precision.low_bit:
             build_in_background()  # compiles (first start only) while the weights load
@@ -141,7 +143,7 @@ def load_model(
                              "default pair. Free some space, or set SPECCHAT_CACHE to a folder on another disk."
                              ) from error
         if isinstance(error, (OSError, ValueError, KeyError, RuntimeError)):
-            raise ModelError(f"Cannot load model '{source}': {error}") from error
+            raise ModelError(f"Cannot load model '{source}': {in_one_line(error)}") from error
         raise
     model.to(device).eval()
     if not on_cpu:
@@ -204,7 +206,7 @@ def _repacked_gguf(packaged: default_models.PackagedGGUF | None, path: Path | No
                                  feed_forward_bits=feed_forward_bits)
         return model, _gguf_tokenizer(gguf_path, model.config.model_type)
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
-        raise ModelError(f"Cannot read GGUF file {gguf_path}: {error}") from error
+        raise ModelError(f"Cannot read GGUF file {gguf_path}: {in_one_line(error)}") from error
 
 
 def _quantized_folder(folder: Path, bits: int, feed_forward_bits: int | None,
@@ -222,7 +224,7 @@ def _quantized_folder(folder: Path, bits: int, feed_forward_bits: int | None,
             model = quantize_model(_from_pretrained(folder, dtype=torch.float32).eval(), bits,
                                    feed_forward_bits=feed_forward_bits)
     except Exception as error:  # safetensors and transformers raise many kinds on a damaged folder
-        raise ModelError(f"Cannot read model folder {folder}: {error}") from error
+        raise ModelError(f"Cannot read model folder {folder}: {in_one_line(error)}") from error
     return model, _tokenizer(folder)
 
 
@@ -232,7 +234,7 @@ def _gguf_tokenizer(gguf_path: Path, model_type: str) -> PreTrainedTokenizerBase
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
     known = {"tokenizer_type": model_type} if TOKENIZER_MAPPING_NAMES.get(model_type) else {}
-    return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, **known)
+    return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False, **known)
 
 
 def _cached_hub_snapshot(source: str) -> Path:
@@ -266,13 +268,13 @@ def _from_pretrained(*args, **kwargs) -> PreTrainedModel:
 
     from .lowbit import skeleton
 
-    model = AutoModelForCausalLM.from_pretrained(*args, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(*args, trust_remote_code=False, **kwargs)
     skeleton.divide_rope_frequencies(model)  # a folder dequantized from a Llama 3.1+ GGUF
     return model
 
 
 def _tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
-    return folder_tokenizer(folder) if Path(folder).is_dir() else AutoTokenizer.from_pretrained(folder, **_local_only(folder))
+    return folder_tokenizer(folder) if Path(folder).is_dir() else AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **_local_only(folder))
 
 
 def _local_only(folder: str | Path) -> dict:
@@ -286,6 +288,7 @@ def _local_source(source: str) -> Path | None:
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
+        gguf_check.check(path)  # before any reader trusts its counts and offsets
         return path
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -328,9 +331,9 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
         with gguf_file.shared_reader(gguf_path) as reader:  # one parse for the model and its rotary divisors
             model = _from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
             loader.take_rope_divisors(model, reader)
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
-        raise ModelError(f"Cannot read GGUF file {gguf_path}: {error}") from error
+        raise ModelError(f"Cannot read GGUF file {gguf_path}: {in_one_line(error)}") from error
     # The weights are plain tensors now; drop the quantizer so the model saves as safetensors.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -354,10 +357,13 @@ def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     path = Path(source).expanduser()
     try:
         if path.suffix.lower() == ".gguf":
-            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            gguf_check.check(path)
+            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, trust_remote_code=False)
         return _tokenizer(path if path.is_dir() else source)
+    except ModelError:
+        raise
     except Exception as error:
-        raise ModelError(f"Cannot read the tokenizer of '{source}': {error}") from error
+        raise ModelError(f"Cannot read the tokenizer of '{source}': {in_one_line(error)}") from error
 
 
 def vocabulary_mismatch(draft_tokenizer: PreTrainedTokenizerBase, target_tokenizer: PreTrainedTokenizerBase,

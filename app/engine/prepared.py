@@ -19,6 +19,7 @@ from pathlib import Path
 from . import default_models
 from .cache import cache_root
 from .choices import Precision
+from .files import is_partial, write_text
 
 NOTE = "specchat_source.json"
 
@@ -67,7 +68,7 @@ def note_use(copy: Path, source: str, precision: str) -> None:
     and precision, made from an earlier version of it (a copy's name holds its source's sizes and
     times, or a hub id's revision). A note that cannot be written (a read-only cache) changes nothing."""
     try:
-        (copy / NOTE).write_text(json.dumps({"source": source, "precision": precision}))
+        write_text(copy / NOTE, json.dumps({"source": source, "precision": precision}))
     except OSError:
         return
     for other in copies():
@@ -83,7 +84,7 @@ def copies() -> list[PreparedCopy]:
     found = []
     root = folder()
     for path in root.iterdir() if root.is_dir() else []:
-        if path.name.endswith(".partial"):
+        if is_partial(path):
             continue
         try:
             note = json.loads((path / NOTE).read_text()) if path.is_dir() else {}

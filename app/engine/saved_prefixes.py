@@ -11,21 +11,25 @@ answer is the one a fresh read gives.
 Each model has its own folder, named by a fingerprint of its weights, precision, cache type,
 kernel build and device, so a copy is never offered to another model. A folder keeps up to
 MAX_TOKENS tokens and all folders together up to MAX_BYTES, the copies most recently saved or used
-first. No token ids are stored: a copy is found by digests of its prefixes at every BLOCK tokens,
-so the folders hold no conversation text, and a deleted chat's copies are deleted with it
-(forget). A copy that cannot be written or read only means that its conversation is read again.
+first. No token ids are stored (a copy is found by digests of its prefixes at every BLOCK tokens),
+but the keys and values are the conversation in another form (the first layer's turn back into
+its tokens with the model's public weights): the folders are owner-only, like the chats, and a
+deleted chat's copies are deleted with it (forget). A copy that cannot be written or read only
+means that its conversation is read again.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .files import private_folder, remove_abandoned, replaced
 from .prefix_cache import MIN_TOKENS, Snapshot
 
 BLOCK = 64  # copies are matched a block at a time: at most BLOCK - 1 of their tokens are read again
@@ -35,6 +39,7 @@ MAX_TOKENS = 8192  # per model: 235 MB for the default target, 100 MB for its dr
 MAX_BYTES = 480 << 20
 INDEX = "index.json"
 UNKNOWN = -1  # the id of a restored token past the blocks a prompt matched: matches no real token
+DIGEST = re.compile(r"[0-9a-f]{32}")  # a copy's file is named by one: an index naming anything else is damaged
 
 
 def prefix_digests(token_ids: list[int]) -> list[str]:
@@ -139,8 +144,9 @@ class SavedPrefixes:
             if total > self.max_tokens:
                 self._drop(entry)
         self._write_index()
-        for stray in self.folder.glob("*.p*"):  # another run's copies that this index lost, unfinished writes
-            if stray.suffix == ".partial" or stray.stem not in self.entries:
+        remove_abandoned(self.folder)  # a killed run's unfinished writes
+        for stray in self.folder.glob("*.pt"):  # another run's copies that this index lost
+            if stray.stem not in self.entries:
                 _remove(stray)
 
     def forget(self, token_ids: list[int]) -> None:
@@ -165,15 +171,11 @@ class SavedPrefixes:
             pass
 
     def _write(self, entry: Entry, state) -> bool:
-        path = self.folder / f"{entry.name}.pt"
-        partial = path.with_suffix(f".{os.getpid()}.partial")
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            torch.save(state, partial)
-            partial.replace(path)
+            with replaced(private_folder(self.folder) / f"{entry.name}.pt") as partial:
+                torch.save(state, partial)
             return True
         except (OSError, RuntimeError):
-            _remove(partial)
             return False
 
     def _drop(self, entry: Entry) -> None:
@@ -184,6 +186,8 @@ class SavedPrefixes:
         try:
             data = json.loads((self.folder / INDEX).read_text(encoding="utf-8"))
             entries = [Entry(list(e["digests"]), int(e["tokens"])) for e in data["entries"]]
+            if not all(isinstance(d, str) and DIGEST.fullmatch(d) for e in entries for d in e.digests):
+                raise ValueError("not a digest")  # a name that could reach outside the folder
         except (OSError, ValueError, KeyError, TypeError):
             return {}
         return {e.name: e for e in entries if e.digests and (self.folder / f"{e.name}.pt").is_file()}
@@ -192,14 +196,13 @@ class SavedPrefixes:
         path = self.folder / INDEX
         if not self.entries and not path.exists():
             return  # nothing saved here yet: no folder for it
-        partial = path.with_suffix(f".{os.getpid()}.partial")
         data = {"entries": [{"digests": e.digests, "tokens": e.tokens} for e in self.entries.values()]}
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps(data), encoding="utf-8")
-            partial.replace(path)
+            private_folder(self.folder)
+            with replaced(path) as partial:
+                partial.write_text(json.dumps(data), encoding="utf-8")
         except OSError:
-            _remove(partial)
+            pass
 
 
 def _remove(path: Path) -> None:

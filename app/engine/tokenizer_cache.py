@@ -35,7 +35,7 @@ def folder_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
     with _lock:
         loaded = _loaded.get(key)
         if loaded is None:
-            loaded = AutoTokenizer.from_pretrained(folder)
+            loaded = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
             _loaded[key] = loaded
             return loaded
     tokenizer = copy.copy(loaded)  # shallow: the same backend and special tokens

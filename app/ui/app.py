@@ -66,17 +66,32 @@ def run_gui() -> int:
         return 1
 
     import qasync
+    from PySide6.QtWidgets import QMessageBox
 
-    from ..chat.store import ChatStore
+    from ..chat.store import ChatStore, StoreError, default_path
     from ..engine.cache import cache_root
     from .main_window import MainWindow
+    from .single_instance import SingleInstance
 
     app = _application()
+    instance = SingleInstance(default_path().parent)
+    if not instance.acquire():
+        brought = instance.knock()
+        print(f"SpecChat is already running with the chats in {instance.folder}"
+              + (": its window was brought to the front." if brought else "."), file=sys.stderr)
+        return 0
+    try:
+        store = ChatStore()
+    except StoreError as error:  # an unreadable folder, a full disk: said, and nothing touched
+        print(f"error: {error}", file=sys.stderr)
+        QMessageBox.critical(None, "SpecChat cannot start", str(error))
+        return 1
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
-    window = MainWindow(ChatStore(), saved_caches=cache_root() / "saved-caches")
+    window = MainWindow(store, saved_caches=cache_root() / "saved-caches")
+    instance.serve(window)
     close_on_signals(window)
     window.show()
     with loop:

@@ -67,7 +67,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.store = store
         self.settings = settings or QSettings("SpecChat", "SpecChat")
-        self.models = ModelCache(load, saved_caches)
+        self.models = ModelCache(load, saved_caches, load_marker=store.path.parent / "loading.json")
         self.session = ChatSession(store)
         self.engine: SpeculativeEngine | None = None
         self.editing: int | None = None  # index of the user message being edited in the composer
@@ -103,6 +103,10 @@ class MainWindow(QMainWindow):
         self.apply_view_options()
         self.refresh_chat_list()
         self.set_busy(False)
+        if store.damaged_copy is not None:
+            self.show_error("The chats were damaged", f"The file of chats could not be read ({store.damage}). It "
+                            f"was moved aside, unchanged, to {store.damaged_copy}, and SpecChat started with a new one.")
+        self._after_a_crashed_load()
         self.load_models()
         QTimer.singleShot(0, self.composer.setFocus)  # type right away; the message waits for the models
 
@@ -357,6 +361,23 @@ class MainWindow(QMainWindow):
 
         self.loader.run(job)
 
+    def _after_a_crashed_load(self) -> None:
+        """The default pair, and why, when the last run ended while it loaded other models: loading
+        them again could end this one the same way."""
+        crashed = self.models.crashed_load
+        if crashed is None:
+            return
+        pair = f"{crashed['target']} with draft {crashed['draft']}"
+        if (crashed["target"], crashed["draft"]) != (LoadOptions().target, LoadOptions().draft):
+            self.controls.show_load_options(LoadOptions())
+            self.show_error("SpecChat closed while loading models",
+                            f"The last run ended while it loaded {pair} (a crash, or the system ending it for want "
+                            "of memory). This run starts with the default pair; pick those models again to retry.")
+        else:
+            self.show_error("SpecChat closed while loading models",
+                            "The last run ended while it loaded the default pair (a crash, or the system ending "
+                            "it for want of memory). It is loaded again now.")
+
     def _on_load_progress(self, stage: str, fraction: float) -> None:
         if self.progress is None or self.engine is not None:
             return
@@ -467,7 +488,12 @@ class MainWindow(QMainWindow):
 
     def refresh_chat_list(self) -> None:
         self.chat_list.clear()
-        for chat_id, title, _ in self.store.list_chats(self.search.text()):
+        try:
+            chats = self.store.list_chats(self.search.text())
+        except StoreError as error:  # the file damaged or gone from under the app: said, the window goes on
+            self.show_error("Could not read the chats", str(error))
+            return
+        for chat_id, title, _ in chats:
             item = QListWidgetItem(title)
             item.setData(Qt.UserRole, chat_id)
             self.chat_list.addItem(item)
@@ -487,7 +513,13 @@ class MainWindow(QMainWindow):
     def open_chat(self, chat_id: int) -> None:
         if self.session.busy:
             return
-        self.session.open_chat(chat_id)
+        try:
+            self.session.open_chat(chat_id)
+        except (StoreError, KeyError) as error:  # damaged, or deleted meanwhile
+            self.show_error("Could not open the chat", str(error) if isinstance(error, StoreError) else
+                            "It is no longer in the file of chats.")
+            self.refresh_chat_list()
+            return
         self.cancel_edit()
         self.chat_view.show_messages(self.conversation.messages)
         answer = self.session.last_answer()
@@ -519,9 +551,10 @@ class MainWindow(QMainWindow):
         if self.engine is None or not self._forget_when_loaded:
             return  # nothing to forget, or no models yet to tell which copies were the chat's
         self.worker.stop_reading_ahead(wait_seconds=10)
-        for prompt, thinking in self._forget_when_loaded:
-            self.engine.forget_conversation(chat_prompt_ids(self.engine.target.tokenizer, prompt, thinking))
-        self._forget_when_loaded.clear()
+        # one still in use by a request (forget_conversation timed out) is tried again after it
+        self._forget_when_loaded = [
+            (prompt, thinking) for prompt, thinking in self._forget_when_loaded
+            if not self.engine.forget_conversation(chat_prompt_ids(self.engine.target.tokenizer, prompt, thinking))]
 
     def export_markdown(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{self.conversation.title}.md", "Markdown (*.md)")
@@ -777,6 +810,7 @@ class MainWindow(QMainWindow):
         self._show_save_errors()
         self._show_memory()
         self.set_busy(False)
+        self._forget_deleted_chats()  # one the answer's request held
         self._read_ahead_timer.start()  # what was typed meanwhile
         log.info("answer finished")
         self.answer_finished.emit()
@@ -813,6 +847,7 @@ class MainWindow(QMainWindow):
             self.worker.wait(30)
         self.session.interrupt()
         if self.engine is not None:
+            self._forget_deleted_chats()  # before the caches are saved: a deleted chat's must not be
             self.engine.save_caches()  # a chat reopened in the next run is not read again
         self.save_settings()
         super().closeEvent(event)

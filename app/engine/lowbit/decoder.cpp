@@ -460,12 +460,15 @@ void products_shared(const Step& step, int64_t n, Workspace& ws, float* out, int
 // [kv_heads, capacity, head_dim] holding start + n positions (the keys are laid out in blocks here).
 at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int64_t start, double scaling,
                      int64_t window, double cap) {
+  TORCH_CHECK(queries.dim() == 3 && queries.scalar_type() == at::kFloat && keys.dim() == 3 && start >= 0,
+              "queries [n, heads, head_dim] float32, keys and values [kv_heads, capacity, head_dim]");
   queries = queries.contiguous();
+  keys = keys.contiguous();
   values = values.contiguous();
   const int64_t n = queries.size(0), heads = queries.size(1), head_dim = queries.size(2);
   const int64_t kv_heads = keys.size(0), capacity = keys.size(1);
   TORCH_CHECK(keys.size(2) == head_dim && start + n <= capacity && values.sizes() == keys.sizes() &&
-                  capacity % kKeyBlock == 0,
+                  capacity % kKeyBlock == 0 && kv_heads > 0 && heads % kv_heads == 0,
               "cache shapes do not match");
   const bool half = cache_is_half(keys, values);
   const at::Tensor blocked = keys.view({kv_heads, capacity / kKeyBlock, kKeyBlock, head_dim}).transpose(2, 3).contiguous();
@@ -481,6 +484,8 @@ at::Tensor attention(at::Tensor queries, at::Tensor keys, at::Tensor values, int
 // gate_up [n, 2 * inner] (gate, then up) -> silu(gate) * up [n, inner] (gelu: tanh GELU), rows
 // shared between threads.
 at::Tensor swiglu_rows(at::Tensor gate_up, bool gelu) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat && gate_up.size(1) % 2 == 0,
+              "gate_up must be [n, 2 * inner] float32");
   gate_up = gate_up.contiguous();
   const int64_t n = gate_up.size(0), inner = gate_up.size(1) / 2;
   at::Tensor out = at::empty({n, inner}, at::kFloat);
@@ -501,6 +506,10 @@ LayerStack::LayerStack(std::vector<Layer> layers, int64_t heads, int64_t kv_head
   for (const Layer& layer : layers_) {
     Steps steps{make_step(layer.qkv), make_step({layer.output}), make_step(layer.gate_up), make_step({layer.down})};
     const int64_t d = layer.input_norm.numel();
+    TORCH_CHECK(d > 0 && d == layers_[0].input_norm.numel(), "every layer of one width");
+    for (const at::Tensor& norm : {layer.input_norm, layer.post_norm}) {
+      TORCH_CHECK(norm.scalar_type() == at::kFloat && norm.is_contiguous(), "a layer norm must be float32, contiguous");
+    }
     TORCH_CHECK(layer.q_norm.defined() == layer.k_norm.defined(), "query and key head norms come together");
     TORCH_CHECK(layer.attention_out_norm.defined() == layer.feed_forward_out_norm.defined(),
                 "the attention's and the feed-forward layer's output norms come together");
@@ -541,13 +550,25 @@ at::Tensor LayerStack::forward(at::Tensor hidden, const std::vector<at::Tensor>&
   const at::Tensor local_sin_rows = local_sin ? local_sin->contiguous() : sin;
   const int64_t n = hidden.size(0), hd = head_dim_, d = hidden.size(1);
   const int64_t q_width = heads_ * hd, kv_width = kv_heads_ * hd, group = heads_ / kv_heads_;
-  TORCH_CHECK(keys[0].size(3) == kKeyBlock && keys[0].size(1) * kKeyBlock == values[0].size(1),
-              "keys must be in blocks of kKeyBlock, as many as the values hold");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kFloat && start >= 0, "hidden must be [n, D] float32");
+  TORCH_CHECK(values[0].dim() == 3 && values[0].size(0) == kv_heads_ && values[0].size(2) == hd,
+              "values must be [kv_heads, capacity, head_dim]");
+  TORCH_CHECK(keys[0].dim() == 4 && keys[0].size(0) == kv_heads_ && keys[0].size(2) == hd &&
+                  keys[0].size(3) == kKeyBlock && keys[0].size(1) * kKeyBlock == values[0].size(1),
+              "keys must be [kv_heads, capacity / kKeyBlock, head_dim, kKeyBlock], as many as the values hold");
   TORCH_CHECK(start + n <= values[0].size(1), "the KV cache is too small");
   const bool half = cache_is_half(keys[0], values[0]);
   for (size_t index = 0; index < layers_.size(); ++index) {
     TORCH_CHECK(cache_is_half(keys[index], values[index]) == half, "every layer's cache of one type");
+    TORCH_CHECK(keys[index].sizes() == keys[0].sizes() && values[index].sizes() == values[0].sizes() &&
+                    keys[index].is_contiguous() && values[index].is_contiguous(),
+                "every layer's cache of one shape, contiguous");
   }
+  // one rotary row per new position: a table shorter than the rows would be read past its end
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == hd &&
+                  sin.sizes() == cos.sizes() && sin.scalar_type() == at::kFloat &&
+                  local_cos_rows.scalar_type() == at::kFloat && local_sin_rows.scalar_type() == at::kFloat,
+              "cos and sin must be float32 [n, head_dim]");
   TORCH_CHECK(d == layers_[0].input_norm.numel(), "hidden states of the wrong width");
   const int64_t qkv_width = q_width + 2 * kv_width;
   Workspace ws;

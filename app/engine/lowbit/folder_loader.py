@@ -48,9 +48,9 @@ def load_folder_lowbit(folder: Path, bits: int, feed_forward_bits: int | None = 
     files = checkpoint_files(folder)
     if not files:
         raise NotStreamable(f"{folder} holds no safetensors files")
-    config = AutoConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     modules = dict(model.named_modules())
     parameters = dict(model.named_parameters(remove_duplicate=False))
     tied_output = f"{_name_of(model, model.get_output_embeddings())}.weight" if config.tie_word_embeddings else None

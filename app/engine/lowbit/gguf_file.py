@@ -25,6 +25,8 @@ import gguf.gguf_reader
 import numpy as np
 from gguf import GGUFValueType
 
+from . import gguf_check
+
 
 class _PlainMapNumpy(types.ModuleType):
     """numpy as gguf's reader module sees it, with memmap giving a plain read-only array over
@@ -90,7 +92,9 @@ class _ArraysAtOnce(gguf.GGUFReader):
 
 
 def parse(path: Path) -> gguf.GGUFReader:
-    """GGUFReader(path), with the same fields and tensors, in a fraction of the time."""
+    """GGUFReader(path), with the same fields and tensors, in a fraction of the time; a file whose
+    structure does not hold is refused first (ModelError), before gguf's reader trusts it."""
+    gguf_check.check(path)
     with _lent(gguf.gguf_reader, "np", _PlainMapNumpy()):
         return _ArraysAtOnce(path)
 

@@ -105,12 +105,26 @@ constexpr int64_t lines_per_group(int64_t chunks, int64_t bits) {
 // 8 chunks (two groups of 16 share a unit; packing.layout_unit).
 constexpr int unit_chunks(int chunks, int bits) { return bits == 3 ? 8 : chunks; }
 
-// Checks the packed parameters; returns their format.
-Format check_params(const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
+// Checks the packed integers and parameters, every size the kernel indexes by included (a
+// hostile or damaged file must be refused here, not read past its end); returns their format.
+Format check_params(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& min, const at::Tensor& scale_step,
                     const at::Tensor& min_step, const at::Tensor& values, int64_t group, int64_t bits) {
   TORCH_CHECK(group == 16 || group == 32, "group must be 16 or 32");
   TORCH_CHECK(bits >= 2 && bits <= 8 && bits != 7, "bits must be 2, 3, 4, 5, 6 or 8");
   TORCH_CHECK(bits != 5 || group == 32, "5-bit weights come in groups of 32");
+  TORCH_CHECK(scale.dim() == 3 && scale.size(0) > 0 && scale.size(1) > 0 && scale.size(2) == kTile,
+              "scales must be [tiles, groups, 16] with at least one tile and group");
+  TORCH_CHECK(min.dim() == 3 && min.size(0) == scale.size(0) && min.size(1) == scale.size(1),
+              "mins must be shaped as the scales, or [tiles, groups, 0]");
+  TORCH_CHECK(scale_step.dim() == 3 && scale_step.size(0) == scale.size(0) && scale_step.size(2) == kTile &&
+                  min_step.dim() == 3 && min_step.size(0) == scale.size(0) &&
+                  (min_step.numel() == 0 || min_step.sizes() == scale_step.sizes()),
+              "steps must be [tiles, super-blocks, 16], the mins' as the scales'");
+  TORCH_CHECK(values.dim() == 2 && values.size(0) == scale.size(0), "a table of values must be [tiles, 16 or 0]");
+  const int64_t inputs = scale.size(1) * group;
+  TORCH_CHECK(bits != 3 || inputs % 32 == 0, "3-bit weights come in units of 32 inputs");
+  TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous() && q.numel() == scale.size(0) * inputs * bits * 2,
+              "the packed integers must be uint8, contiguous, bits / 8 bytes per weight of [tiles * 16, groups * group]");
   const bool coded = scale.scalar_type() == at::kChar;
   TORCH_CHECK((coded || scale.scalar_type() == at::kHalf) && min.scalar_type() == scale.scalar_type(),
               "scales and mins must be float16 or int8 codes");
@@ -774,7 +788,7 @@ void quantize_groups(const float* x, int64_t group, int64_t begin, int64_t end, 
 }
 
 PreparedWeight::PreparedWeight(const Projection& p)
-    : format(check_params(p.scale, p.min, p.scale_step, p.min_step, p.values, p.group, p.bits)),
+    : format(check_params(p.q, p.scale, p.min, p.scale_step, p.min_step, p.values, p.group, p.bits)),
       q(p.q.data_ptr<uint8_t>()), tile_bytes(p.q.numel() / std::max<int64_t>(1, p.scale.size(0))),
       pairs(p.scale.size(0) / 2), params(p.scale, p.min, p.scale_step, p.min_step, p.values), group(p.group),
       bits(p.bits) {
@@ -792,7 +806,7 @@ void pair_range(const PreparedWeight& w, const Activations& act, int64_t rows, i
 // The float rows of the weight for the given output indices (embedding lookup): [len(ids), K].
 at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, at::Tensor scale_step,
                 at::Tensor min_step, at::Tensor values, int64_t group, int64_t bits) {
-  const Format format = check_params(scale, min, scale_step, min_step, values, group, bits);
+  const Format format = check_params(q, scale, min, scale_step, min_step, values, group, bits);
   const int64_t tiles = scale.size(0), groups = scale.size(1), k = groups * group, chunks = group / 4;
   const int64_t tile_bytes = q.numel() / tiles;
   const int64_t unit = unit_chunks(static_cast<int>(chunks), static_cast<int>(bits)), per_unit = unit / chunks;
@@ -847,7 +861,11 @@ at::Tensor rows(at::Tensor ids, at::Tensor q, at::Tensor scale, at::Tensor min, 
 // RMSNorm of each row: x [M, D] float32 -> x / sqrt(mean(x^2) + eps) * weight. One pass per row
 // instead of six tensor ops (their dispatch costs more than the arithmetic at decoding sizes).
 at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) > 0 &&
+                  weight.numel() == x.size(-1),
+              "rms_norm: x [..., D] and weight [D], float32");
   x = x.contiguous();
+  weight = weight.contiguous();
   const int64_t d = x.size(-1), rows = x.numel() / d;
   at::Tensor out = at::empty_like(x);
   const float* src = x.data_ptr<float>();

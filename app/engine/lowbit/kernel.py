@@ -8,6 +8,8 @@ import functools
 import hashlib
 import importlib.util
 import os
+import shutil
+import stat
 import sys
 import threading
 import warnings
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..cache import cache_root
+from ..files import private_folder, private_temporary_folder, write_text
 from .cpu import ISAS, cpu_field, cpu_flags, machine_isa
 from .packing import PackedWeight, dequantize, reference_linear
 
@@ -101,8 +104,16 @@ def _build_for_machine():
     return _build_for(isa)
 
 
+BUILD_WAIT_S = 300  # another process's build of the same sources: waited for this long at most
+
+
 @functools.cache
 def _build_for(isa: str):
+    """The library from this build's folder, or built there. A library is loaded only when it is
+    ours, no one else can write it or its folder, and its hash is the one noted when it was built;
+    otherwise it is built again. Builds take a lock that dies with their process, so a build
+    killed halfway never blocks the next start."""
+    from filelock import FileLock, Timeout
     from torch.utils import cpp_extension
 
     name = MODULE_NAMES[isa]
@@ -110,26 +121,72 @@ def _build_for(isa: str):
     # loaded as it is. torch's builder would rebuild it (about 24 s) whenever the sources' paths
     # differ from the last build's, as they do between two checkouts or environments.
     folder = cache_root() / "kernels" / _source_digest(isa)
-    folder.mkdir(parents=True, exist_ok=True)
-    library = folder / f"{name}{cpp_extension.LIB_EXT}"
-    if library.is_file():
-        try:
-            spec = importlib.util.spec_from_file_location(name, library)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module, None
-        except ImportError:
-            pass  # an unfinished build: built again below
     try:
-        module = cpp_extension.load(
-            name=name, sources=[str(HERE / source) for source in SOURCES], extra_cflags=compile_flags(isa),
-            extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False,
-        )
+        folder = _safe_build_folder(folder)
+        lock = FileLock(folder / "build.lock", timeout=BUILD_WAIT_S)
+        with lock:
+            library = folder / f"{name}{cpp_extension.LIB_EXT}"
+            module = _load_checked(name, library)
+            if module is not None:
+                return module, None
+            # torch's own lock file: one left by a killed build would make its builder wait forever,
+            # and no other build of ours runs while we hold ours
+            (folder / "lock").unlink(missing_ok=True)
+            library.unlink(missing_ok=True)
+            module = cpp_extension.load(
+                name=name, sources=[str(HERE / source) for source in SOURCES], extra_cflags=compile_flags(isa),
+                extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False,
+            )
+            write_text(_stamp(library), _file_sha256(library))
+            return module, None
+    except Timeout:
+        reason = (f"another process has been building the C++ kernel in {folder} for over {BUILD_WAIT_S} s "
+                  "(SpecChat starts with the fast kernel once it is built)")
     except Exception as error:  # no compiler, no headers, no ninja: the reference path still works
         reason = f"could not build the C++ kernel ({str(error).strip().splitlines()[-1] if str(error) else error})"
-        warnings.warn(f"SpecChat: {reason}; low-bit models run on the slow pure-torch path", stacklevel=2)
-        return None, reason
-    return module, None
+    warnings.warn(f"SpecChat: {reason}; low-bit models run on the slow pure-torch path", stacklevel=2)
+    return None, reason
+
+
+def _safe_build_folder(folder: Path) -> Path:
+    """`folder` when it is ours and only we could write it; a library in a folder others could
+    write may have been swapped for theirs, and would run as us: such a folder of ours is emptied
+    and built again, someone else's is left for a new private one beside it."""
+    if folder.exists():
+        info = folder.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return private_temporary_folder(folder.parent, f"{folder.name}-")
+        if stat.S_IMODE(info.st_mode) & 0o022:
+            shutil.rmtree(folder)
+    return private_folder(folder)
+
+
+def _load_checked(name: str, library: Path):
+    """The module in `library` when the file is ours, not writable by others, and has the hash
+    noted when it was built; None otherwise (a cut build, a file changed since, someone else's)."""
+    try:
+        info = library.lstat()
+        noted = _stamp(library).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    if (not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o022
+            or noted != _file_sha256(library)):
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, library)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except ImportError:
+        return None
+
+
+def _stamp(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()  # a few megabytes
 
 
 def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:

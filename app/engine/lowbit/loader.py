@@ -28,12 +28,12 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
     """requantize_bits: re-quantize every weight matrix to this many bits (a cheaper draft);
     feed_forward_bits: the feed-forward matrices to this many instead."""
     with gguf_file.shared_reader(path) as reader:  # one parse for the config and the tensors
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, trust_remote_code=False)
     _take_head_dim(config, reader)
     if config.model_type in ("gemma2", "gemma3_text"):
         _take_gemma_settings(config, reader)
     with init_empty_weights():  # parameters on the meta device; buffers (rotary tables) real
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     # transformers names a Gemma 3 GGUF's model gemma3_text, and its processor (the norms' 1 + w) gemma3
     kind = {"gemma3_text": "gemma3"}.get(config.model_type, config.model_type)
     processor = TENSOR_PROCESSORS.get(kind, TensorProcessor)(config=config.to_dict())
@@ -48,6 +48,7 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
         module_name, _, attribute = hf_name.rpartition(".")
         module = modules[module_name]
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+        _check_shape(tensor.name, shape, module, attribute, hf_name)
         if attribute == "weight" and isinstance(module, (nn.Linear, nn.Embedding)) and len(shape) == 2 \
                 and (tensor.tensor_type not in FLOAT_TYPES or requantize_bits):
             order = _row_order(processor, tensor.name, shape[0])
@@ -130,6 +131,17 @@ def _row_order(processor: TensorProcessor, name: str, rows: int) -> np.ndarray |
         raise ValueError(f"{name}: this architecture changes GGUF weights in a way low-bit loading does not support")
     order = moved[:, 0].astype(np.int64)
     return None if np.array_equal(order, np.arange(rows)) else order
+
+
+def _check_shape(name: str, shape: tuple[int, ...], module: nn.Module, attribute: str, hf_name: str) -> None:
+    """Refuses a file tensor whose shape is not the parameter's it fills, as the config describes
+    the model: the kernels index by the config's sizes, so a short tensor would be read past its end."""
+    expected = getattr(module, attribute, None)
+    if not isinstance(expected, torch.Tensor):
+        raise ValueError(f"tensor {name} maps to {hf_name}, which the model its config describes does not have")
+    if tuple(expected.shape) != shape:
+        raise ValueError(f"tensor {name} has shape {list(shape)}, but the model its config describes needs "
+                         f"{list(expected.shape)} for {hf_name}")
 
 
 def _check_complete(model: nn.Module, path: Path) -> None:

@@ -262,4 +262,4 @@ def empty_transformers_model(config) -> nn.Module:
     from transformers.initialization import no_init_weights
 
     with init_empty_weights(), no_init_weights():
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)

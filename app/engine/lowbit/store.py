@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from ..cache import written_whole
+from ..files import written_whole
 from ..tokenizer_cache import folder_tokenizer
 from . import skeleton
 from .memory import read_in_huge_pages
@@ -87,7 +87,7 @@ def _stored_as(name: str, sharing: dict[str, _Packed]) -> dict:
 def load(folder: Path) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     """The model (skeleton.CausalLM where LeanDecoder runs it, else transformers') and its tokenizer."""
     layout = json.loads((folder / LAYOUT).read_text())["modules"]
-    config = AutoConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     # What LeanDecoder runs loads without transformers' modeling code; every weight comes from the file.
     model = skeleton.CausalLM(config) if skeleton.can_build(config) else skeleton.empty_transformers_model(config)
     tensors = read_in_huge_pages(folder / WEIGHTS)
