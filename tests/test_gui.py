@@ -452,6 +452,25 @@ def test_a_chat_reopened_after_a_restart_is_not_read_again(qtbot, make_window, t
     assert not list(saved.rglob("*.pt"))
 
 
+def test_a_deleted_chat_whose_models_were_busy_loses_its_copies_before_the_window_saves_them(
+        qtbot, make_window, tmp_path, monkeypatch):
+    """Deleting a chat waits 5 s for a request that holds the models (here their own lock, held
+    as a request holds it); their copies of the chat, not forgotten then, go once they are free:
+    at the latest before the window saves the caches at close."""
+    saved = tmp_path / "saved-caches"
+    window = make_window(saved_caches=saved)
+    send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
+    monkeypatch.setattr(QMessageBox, "question", lambda *args: QMessageBox.Yes)
+    window.engine._busy.acquire()
+    try:
+        window.delete_chat()
+    finally:
+        window.engine._busy.release()
+    assert window._forget_when_loaded  # kept to be tried again
+    window.close()
+    assert not list(saved.rglob("*.pt"))
+
+
 def test_a_chat_deleted_while_the_models_load_loses_its_saved_copies_once_they_are_there(
         qtbot, make_window, tmp_path, monkeypatch):
     """The window opens before the models are loaded: a chat deleted meanwhile cannot yet be told

@@ -263,6 +263,23 @@ def test_a_model_too_large_for_this_machine_is_refused_before_it_loads(tmp_path,
     assert load_model(str(folder), precision="fp32").precision == "fp32"
 
 
+def test_a_model_that_fits_alone_but_not_beside_the_other_is_refused(tmp_path, monkeypatch):
+    """An 8 GiB file's first start needs 10.8 GiB: it fits a 16 GB machine alone, not beside a
+    5 GiB model already loaded (the pair's other one)."""
+    from app.engine import memory_check
+
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(memory_check, "_total_memory", lambda: 16 * 2**30)
+    big = tmp_path / "big.gguf"
+    with open(big, "wb") as handle:
+        handle.write(EMPTY_GGUF)
+        handle.truncate(8 * 2**30)
+    with pytest.raises(ModelError, match=r"needs about 10\.8 GiB .* beside the 5\.0 GiB the other model takes, and"):
+        load_model(str(big), held=5 * 2**30)
+    with pytest.raises(ModelError, match="Cannot read GGUF file"):  # alone, it passes the check and is read
+        load_model(str(big))
+
+
 def test_a_7b_model_folder_fits_a_16_gb_machine_at_low_bit_but_not_as_float32(tmp_path, monkeypatch):
     """A folder at low bit is quantized a few rows at a time: it needs about its low-bit size, not
     its float32 size. A Qwen2.5 7B folder (7.6 billion weights) on a 16 GB machine: 9.6 GiB on its

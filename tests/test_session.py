@@ -140,7 +140,7 @@ def test_streamed_pieces_join_to_the_full_decode():
 def test_a_superseded_load_returns_no_engine():
     loads = []
 
-    def load(source, device, dtype, report, precision):
+    def load(source, device, dtype, report, precision, held):
         loads.append(source)
         if source == "slow-target":
             newer.append(cache.request())  # the user picks other models while this one loads
@@ -152,6 +152,19 @@ def test_a_superseded_load_returns_no_engine():
     assert loads == ["slow-target"]  # stopped before loading the draft
     assert cache.engine(newer[0], LoadOptions(target="slow-target"), lambda *_: None) is not None
     assert loads == ["slow-target", "default-draft"]  # the target was kept, not loaded twice
+
+
+def test_a_pairs_second_model_is_checked_beside_the_first():
+    """The memory check of the model loaded second counts what the first already takes."""
+    loads = []
+
+    def load(source, device, dtype, report, precision, held):
+        loads.append((source, held))
+        return tiny_model(seed=len(loads))
+
+    cache = ModelCache(load)
+    engine = cache.engine(cache.request(), LoadOptions(), lambda *_: None)
+    assert loads == [("default-target", 0), ("default-draft", engine.target.memory_bytes)]
 
 
 def test_the_system_prompt_comes_first(tmp_path, engine):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .memory_check import cache_bytes_per_token
 from .prefix_cache import PrefixStore, Snapshot
 
 if TYPE_CHECKING:
@@ -88,6 +89,11 @@ class CachedModel:
         n = min(self.length, max_tokens)
         state = [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone()) for layer in self.cache.layers]
         return Snapshot(self.ids[:n], state, sum(k.nbytes + v.nbytes for k, v in state))
+
+    @property
+    def bytes_per_token(self) -> int:
+        """What each token adds to the cache."""
+        return cache_bytes_per_token(self.model.config, next(self.model.parameters()).element_size())
 
     @property
     def cache_bytes(self) -> int:

@@ -15,8 +15,9 @@ import torch
 from .cached_model import cached, pass_seconds
 from .choices import COMMON_TOKENS, GenerationOptions, ProposerKind
 from .draft_vocabulary import DraftVocabulary
-from .errors import EngineBusyError, IncompatibleModelsError
+from .errors import EngineBusyError, IncompatibleModelsError, PromptTooLongError
 from .loop import Limits, read_ahead_into, speculative_generate
+from .memory_check import check_caches_fit
 from .lowbit import kernel
 from .models import LoadedModel, check_compatible, shared_vocab_width
 from .policy import CostAwareK, CostModel, FixedK
@@ -71,6 +72,7 @@ class SpeculativeEngine:
         try:
             if options.adaptive and not self.costs.ready:
                 self.calibrate()
+            self._check_memory(len(prompt_ids) + options.max_new_tokens)
             generator = torch.Generator(device=self._target.device).manual_seed(options.seed)
             policy = CostAwareK(self.costs, k=options.k) if options.adaptive else FixedK(options.k)
             limits = Limits(options.max_new_tokens, self.target.context_length, self.target.stop_tokens)
@@ -92,12 +94,25 @@ class SpeculativeEngine:
                 or not self._busy.acquire(blocking=False)):
             return 0
         try:
+            try:
+                self._check_memory(len(prompt_ids))
+            except PromptTooLongError:  # its request will say so
+                return 0
             read = read_ahead_into(self._target, prompt_ids, cancel)
             if self._draft is not None and self._draft.reuses_prefix and not cancel.is_set():
                 read_ahead_into(self._draft, prompt_ids, cancel)
             return read
         finally:
             self._busy.release()
+
+    def _check_memory(self, tokens: int) -> None:
+        """Refuses (PromptTooLongError) caches of `tokens` tokens, capped by the context, that would
+        have to grow past the memory left; caches that hold room for them already take nothing more."""
+        tokens = min(tokens, self.target.context_length)
+        models = self._cached_models()
+        per_token = sum(model.bytes_per_token for model in models)
+        if sum(model.cache_bytes for model in models) < tokens * per_token:
+            check_caches_fit(tokens, per_token)
 
     def forget(self) -> None:
         """Empty both models' caches and their kept copies: the next request reads its whole

@@ -94,6 +94,11 @@ class LeanDecoder:
         return Snapshot(self.ids[:n], (keys, values), sum(t.nbytes for t in keys + values))
 
     @property
+    def bytes_per_token(self) -> int:
+        """What each token adds to the cache."""
+        return 2 * len(self.model.model.layers) * self.kv_heads * self.head_dim * self.cache_dtype.itemsize
+
+    @property
     def cache_bytes(self) -> int:
         """The memory the live cache takes (all it holds room for)."""
         return sum(t.nbytes for t in self.keys + self.values)

@@ -14,7 +14,12 @@ The estimate is the memory the load needs at its peak:
   on the first start; the default target as a bf16 folder: 2.6 GiB above, for 2.2 estimated, its
   tokenizer's 0.3 GiB within the reserve below; 2026-12-06).
 Only a model that cannot fit even with nothing else running is refused: the memory other
-programs hold now may be given back, and the system may swap some.
+programs hold now may be given back, and the system may swap some. The pair is checked as one:
+a model's need counts the other model's memory, already taken.
+
+A request's caches are checked against the memory left now (check_caches_fit): they grow with
+every token, and a long prompt (a pasted file, a 128k-token context) would otherwise end in the
+system's out-of-memory killer halfway through its reading.
 """
 from __future__ import annotations
 
@@ -24,27 +29,79 @@ import struct
 from pathlib import Path
 
 from .choices import Precision
-from .errors import ModelError
+from .errors import ModelError, PromptTooLongError
 
 RESERVE = 1.5 * 2**30  # the system, the app itself (Python, torch, Qt) and the other model's buffers
 REPACK_PEAK = 1.35
 QUANTIZING_PEAK = 1.2
+WORKSPACE = 256 * 2**20  # a pass's activations and buffers beside the caches
 
 
-def check_fits(name: str, path: Path | None, size: int | None, precision: Precision, prepared: bool) -> None:
+def check_fits(name: str, path: Path | None, size: int | None, precision: Precision, prepared: bool,
+               held: int = 0) -> None:
     """Raises ModelError when `name` needs more memory than this machine has in all. path: the GGUF
     file or model folder (None: unknown, e.g. a hub id: not checked); size: a packaged GGUF's size
-    when its file is not assembled yet; prepared: a low-bit copy is already stored (no repacking)."""
+    when its file is not assembled yet; prepared: a low-bit copy is already stored (no repacking);
+    held: what the models already loaded beside it take (the pair's other model)."""
     need, why = needed_bytes(path, size, precision, prepared)
     if need is None:
         return
     total = _total_memory()
-    if need + RESERVE > total:
+    if need + held + RESERVE > total:
+        beside = f", beside the {held / 2**30:.1f} GiB the other model takes," if held else ","
         raise ModelError(
-            f"{name} needs about {need / 2**30:.1f} GiB of memory {why}, and this machine has "
+            f"{name} needs about {need / 2**30:.1f} GiB of memory {why}{beside} and this machine has "
             f"{total / 2**30:.1f} GiB in all (about {RESERVE / 2**30:.1f} GiB of it goes to the system and the "
             "app). Pick a smaller model" + (", or the low-bit precision for this one." if not precision.low_bit else ".")
         )
+
+
+def check_caches_fit(tokens: int, bytes_per_token: int) -> None:
+    """Raises PromptTooLongError, as for a prompt longer than the context, when caches holding
+    `tokens` tokens (at bytes_per_token for all the models together) do not fit the memory left."""
+    need, left = tokens * bytes_per_token + WORKSPACE, memory_left()
+    if need > left:
+        raise PromptTooLongError(
+            f"The prompt and the answer's room ({tokens:,} tokens) need about {need / 2**30:.1f} GiB of memory for "
+            f"the models' caches, and {left / 2**30:.1f} GiB are free now; shorten the conversation, start a new "
+            "chat, or lower the answer's length.")
+
+
+def cache_bytes_per_token(config, element_bytes: int) -> int:
+    """The keys and values one token adds to a model's cache, every layer's."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * element_bytes
+
+
+def memory_left() -> int:
+    """The bytes this process may still take: the system's available memory, or less where a limit
+    on the process's address space (RLIMIT_AS) or its control group's memory (cgroup v2) leaves less."""
+    import psutil
+
+    left = psutil.virtual_memory().available
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY:
+            left = min(left, limit - psutil.Process().memory_info().vms)
+    except (ImportError, OSError, ValueError):
+        pass
+    group = _control_group_room()
+    return max(0, left if group is None else min(left, group))
+
+
+def _control_group_room() -> int | None:
+    try:
+        line = next(entry for entry in Path("/proc/self/cgroup").read_text().splitlines() if entry.startswith("0::"))
+        folder = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
+        limit = (folder / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int((folder / "memory.current").read_text())
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def needed_bytes(path: Path | None, size: int | None, precision: Precision, prepared: bool) -> tuple[int | None, str]:

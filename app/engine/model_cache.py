@@ -72,8 +72,10 @@ class ModelCache:
             self._mark(chosen)
             try:
                 for key in keys:
-                    if key not in self.models:
-                        self.models[key] = (self.load or load_model)(key[0], device, dtype, report, precision=key[1])
+                    if key not in self.models:  # checked for memory beside the model already loaded
+                        held = sum(model.memory_bytes for model in self.models.values())
+                        self.models[key] = (self.load or load_model)(key[0], device, dtype, report, precision=key[1],
+                                                                     held=held)
                     if not self.is_current(ticket):
                         return None
                 engine = SpeculativeEngine.for_pair(self.models[keys[0]], self.models[keys[1]],

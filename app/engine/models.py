@@ -104,10 +104,12 @@ def load_model(
     progress: Progress | None = None,
     precision: Precision | str = Precision.LOWBIT,
     packed_linear: bool = True,
+    held: int = 0,
 ) -> LoadedModel:
     """precision: see the module's notes; ignored on CUDA (bfloat16).
     packed_linear: fp32 on CPU runs its linears through pre-packed oneDNN weights (same
-    precision, about twice as fast at decoding batch sizes)."""
+    precision, about twice as fast at decoding batch sizes).
+    held: the bytes the models already loaded beside this one take (its pair's other model)."""
     report = progress or (lambda stage, fraction: None)
     precision = Precision(precision)
     on_cpu = torch.device(device).type == "cpu"
@@ -117,7 +119,7 @@ def load_model(
     try:
         if on_cpu and precision.low_bit:
             build_in_background()  # compiles (first start only) while the weights load
-            model, tokenizer = _load_low_bit(source, packaged, precision, report)
+            model, tokenizer = _load_low_bit(source, packaged, precision, report, held)
             slow_path = why_not_native()
             kernel_name = KERNEL_NAMES.get(machine_isa())
             kernel_note = (f", slow path: {slow_path}" if slow_path is not None
@@ -125,7 +127,7 @@ def load_model(
             shown = "8bit" if precision is Precision.LOWBIT and prepared.float_model(source) else precision.value
             return LoadedModel(name, model, tokenizer, f"{shown}{kernel_note}")
         if on_cpu:
-            check_fits(name, None if packaged else Path(source).expanduser(), None, precision, prepared=False)
+            check_fits(name, None if packaged else Path(source).expanduser(), None, precision, prepared=False, held=held)
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)
         model = _from_pretrained(folder, dtype=dtype, **_local_only(folder))
@@ -156,7 +158,7 @@ def load_model(
 
 
 def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, precision: Precision,
-                  report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+                  report: Progress, held: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A GGUF's own blocks, or a model folder (a hub id's in the local Hugging Face cache too)
     quantized, from a prepared copy that the first start writes: later starts read it in seconds."""
     bits, feed_forward_bits = precision.requantized_bits
@@ -167,7 +169,7 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
         name = Path(source).name if path.is_dir() else path.stem
         copy = cache_dir() / f"{name}-{_file_key(path)}-{precision.value}"
     check_fits(packaged.name if packaged else Path(source).name, path, packaged.size if packaged else None,
-               precision, prepared=lowbit_store.is_complete(copy))
+               precision, prepared=lowbit_store.is_complete(copy), held=held)
     if lowbit_store.is_complete(copy):
         report(f"Loading {copy.name}", None)
         try:

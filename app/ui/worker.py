@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, Signal
 
 from ..engine.choices import GenerationOptions
+from ..engine.errors import PromptTooLongError
 
 if TYPE_CHECKING:
     from ..engine.engine import SpeculativeEngine
@@ -73,6 +74,8 @@ class GenerationWorker(QObject):
                     reading_ahead.join()
                 for step in engine.generate(prompt_ids, options, cancel):
                     self.step.emit(step)
+            except PromptTooLongError as error:  # a refusal, said in the dialog: no traceback
+                self.failed.emit(str(error))
             except Exception as error:  # shown in a dialog; the traceback goes to the log
                 traceback.print_exc()
                 self.failed.emit(str(error))

@@ -43,7 +43,7 @@ class _Walk:
 
     def need(self, count: int, what: str) -> None:
         if count < 0 or count > self.size - self.at:
-            raise _Damaged(f"{what} needs {count:,} bytes at byte {self.at:,}, and the file ends "
+            raise _Damaged(f"{what}: {count:,} bytes from byte {self.at:,} on, but the file ends "
                            f"{self.size - self.at:,} bytes later")
 
     def u32(self, what: str) -> int:

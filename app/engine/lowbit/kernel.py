@@ -34,11 +34,21 @@ MODULE_NAMES = {isa: "specchat_lowbit" if isa == "avx512" else f"specchat_lowbit
 KERNEL_NAMES = {"avxvnni": "AVX-VNNI", "avx2": "AVX2", "vnni256": "AVX-VNNI (AVX-512 encoding)"}  # shown beside the precision
 
 
+# SPECCHAT_SANITIZE=1: a build that checks every memory access and undefined operation (the
+# tests run the kernel so, with the sanitizers' runtime preloaded); slow, never for use.
+SANITIZER_FLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                   "-fno-sanitize-recover=undefined"]
+
+
 def compile_flags(isa: str) -> list[str]:
     """The compiler's flags for `isa` on this machine: AVX-512's prefetching of the weights
     differs between AMD's cores and others' (see kernel.cpp's kFirstPassLocality)."""
     vendor_flags = ["-DSPECCHAT_PREFETCH_NTA"] if isa == "avx512" and cpu_field("vendor_id") == "AuthenticAMD" else []
-    return COMMON_FLAGS + ISAS[isa][1] + vendor_flags
+    return COMMON_FLAGS + ISAS[isa][1] + vendor_flags + (SANITIZER_FLAGS if _sanitized() else [])
+
+
+def _sanitized() -> bool:
+    return os.environ.get("SPECCHAT_SANITIZE") == "1"
 
 
 _BUILD_LOCK = threading.Lock()  # one build at a time; later callers get the cached result
@@ -135,7 +145,8 @@ def _build_for(isa: str):
             library.unlink(missing_ok=True)
             module = cpp_extension.load(
                 name=name, sources=[str(HERE / source) for source in SOURCES], extra_cflags=compile_flags(isa),
-                extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False,
+                extra_ldflags=["-fopenmp", *(SANITIZER_FLAGS if _sanitized() else [])], build_directory=str(folder),
+                verbose=False,
             )
             write_text(_stamp(library), _file_sha256(library))
             return module, None
