@@ -36,6 +36,12 @@ def test_a_folder_written_whole_is_private_inside(tmp_path):
     assert folder.parent.stat().st_mode & 0o777 == 0o700
 
 
+def test_a_private_folders_new_parents_are_private_too(tmp_path):
+    files.private_folder(tmp_path / "cache" / "kernels" / "abc")
+    for folder in (tmp_path / "cache", tmp_path / "cache" / "kernels", tmp_path / "cache" / "kernels" / "abc"):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+
+
 def test_an_existing_folder_of_ours_is_made_private(tmp_path):
     folder = tmp_path / "shared"
     folder.mkdir(mode=0o755)

@@ -177,6 +177,8 @@ def test_a_message_whose_chat_another_process_deleted_is_not_lost_silently(tmp_p
 
 def test_the_chats_are_private(tmp_path):
     path = tmp_path / "data" / "c.sqlite3"
-    saved_chat(path, messages=1)
+    store = ChatStore(path)
+    store.add_message(Conversation(title="t"), Message("user", "private"))
     assert path.parent.stat().st_mode & 0o777 == 0o700
-    assert path.stat().st_mode & 0o777 == 0o600
+    for file in path.parent.iterdir():  # the database and its journal files
+        assert file.stat().st_mode & 0o777 == 0o600, file

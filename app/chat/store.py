@@ -75,6 +75,11 @@ class ChatStore:
             raise StoreError(f"Cannot open the chats in {self.path}: {error}") from error
 
     def _open(self) -> sqlite3.Connection:
+        # owner-only before SQLite opens it: its journal files take the database's permissions
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
+        for file in (self.path, *(self.path.with_name(self.path.name + end) for end in ("-wal", "-shm"))):
+            if file.exists():
+                file.chmod(PRIVATE_FILE)
         db = sqlite3.connect(self.path)
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -90,7 +95,6 @@ class ChatStore:
         except BaseException:
             db.close()
             raise
-        self.path.chmod(PRIVATE_FILE)
         return db
 
     def _move_aside(self) -> Path:

@@ -23,7 +23,8 @@ _PARTIAL = re.compile(r"\.partial(?:-(\d+))?$")  # "<name>.partial-<pid>"; plain
 def private_folder(path: Path) -> Path:
     """`path` (and its missing parents) as a folder only its owner may enter; an existing one of
     ours is narrowed to that."""
-    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+    for missing in reversed([folder for folder in (path, *path.parents) if not folder.exists()]):
+        missing.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)  # its parents too: mkdir gives them the umask's
     info = path.stat()
     if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
         path.chmod(PRIVATE_FOLDER)
