@@ -115,3 +115,22 @@ def test_the_data_folder_is_free_again_once_its_owner_dies(tmp_path):
     holder.kill()  # SIGKILL: no clean-up runs
     holder.wait()
     assert SingleInstance(tmp_path).acquire()
+
+
+def test_a_window_closed_while_its_models_load_is_no_crash_at_the_next_start(qtbot, tmp_path, tiny_pair):
+    """Closing the window while a pair loads is the user's choice, not a crash to report next time."""
+    import threading
+
+    hold = threading.Event()
+    config = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+    loading = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), config,
+                         load=lambda source, *args, **kwargs: hold.wait(10) and tiny_pair[source])
+    qtbot.addWidget(loading)
+    qtbot.waitUntil(lambda: (tmp_path / "loading.json").exists(), timeout=10_000)
+    loading.close()  # the app then ends at once, its load thread with it (app.leave_work_behind)
+    try:
+        assert not (tmp_path / "loading.json").exists()
+    finally:
+        hold.set()
+        qtbot.waitUntil(lambda: not [t for t in threading.enumerate() if t.name.startswith("specchat-load")],
+                        timeout=30_000)  # not torn down at the interpreter's exit (an abort)

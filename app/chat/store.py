@@ -76,10 +76,13 @@ class ChatStore:
 
     def _open(self) -> sqlite3.Connection:
         # owner-only before SQLite opens it: its journal files take the database's permissions
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
         for file in (self.path, *(self.path.with_name(self.path.name + end) for end in ("-wal", "-shm"))):
-            if file.exists():
+            try:
                 file.chmod(PRIVATE_FILE)
+            except OSError:  # not there, or not ours to change
+                pass
         db = sqlite3.connect(self.path)
         try:
             db.execute("PRAGMA journal_mode=WAL")

@@ -90,6 +90,10 @@ class ModelCache:
                 engine.keep_saved_caches(self.saved_caches)
             return engine if self.is_current(ticket) else None
 
+    def closing(self) -> None:
+        """The app closes while a load may run (it is left behind): that is no crash to report."""
+        self._mark(None)
+
     def _mark(self, chosen: LoadOptions | None) -> None:
         if self.load_marker is None:
             return

@@ -841,6 +841,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         """Stop generation at the next step and keep what was generated so far."""
         self._read_ahead_timer.stop()
+        self.models.closing()
         self.worker.stop_reading_ahead(wait_seconds=10)  # not left running in the model's memory at exit
         if self.worker.running:
             self.worker.stop()

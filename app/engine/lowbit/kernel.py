@@ -133,8 +133,7 @@ def _build_for(isa: str):
     folder = cache_root() / "kernels" / _source_digest(isa)
     try:
         folder = _safe_build_folder(folder)
-        lock = FileLock(folder / "build.lock", timeout=BUILD_WAIT_S)
-        with lock:
+        with FileLock(folder / "build.lock", timeout=BUILD_WAIT_S):
             library = folder / f"{name}{cpp_extension.LIB_EXT}"
             module = _load_checked(name, library)
             if module is not None:
