@@ -13,7 +13,7 @@ from app.engine.engine import SpeculativeEngine
 from app.engine.prefix_cache import MIN_TOKENS, RESERVE_BYTES, PrefixStore, Snapshot, keep_prefix
 from app.engine.proposers import DraftModelProposer
 from app.engine.sampling import SamplingParams
-from tests.helpers import all_steps, generated_ids, options
+from tests.helpers import all_steps, options
 from tests.tiny import tiny_model, tiny_sliding_model, wide_low_bit
 
 PROMPT = list(range(1, 20))
