@@ -91,6 +91,10 @@ def test_a_folder_of_another_user_is_left_for_a_private_one(tmp_path):
     os.chown(folder, 65534, 65534)
     chosen = kernel._safe_build_folder(folder)
     assert chosen != folder and chosen.parent == folder.parent and chosen.stat().st_uid == os.getuid()
+    assert kernel._safe_build_folder(folder) == chosen  # the next start finds its build there
+    os.chown(chosen, 65534, 65534)  # taken too: a fresh private folder, never someone else's
+    last = kernel._safe_build_folder(folder)
+    assert last not in (folder, chosen) and last.stat().st_uid == os.getuid()
 
 
 def test_a_library_writable_by_others_or_of_another_hash_is_not_loaded(cache, tmp_path):

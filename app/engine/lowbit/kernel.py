@@ -158,13 +158,16 @@ def _build_for(isa: str):
     return None, reason
 
 
-def _safe_build_folder(folder: Path) -> Path:
+def _safe_build_folder(folder: Path, ours_beside: bool = True) -> Path:
     """`folder` when it is ours and only we could write it; a library in a folder others could
     write may have been swapped for theirs, and would run as us: such a folder of ours is emptied
-    and built again, someone else's is left for a new private one beside it."""
+    and built again, someone else's is left for one of ours beside it (named by our user id, so
+    that later starts reuse its build)."""
     if folder.exists():
         info = folder.lstat()
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            if ours_beside:
+                return _safe_build_folder(folder.with_name(f"{folder.name}-user{os.getuid()}"), ours_beside=False)
             return private_temporary_folder(folder.parent, f"{folder.name}-")
         if stat.S_IMODE(info.st_mode) & 0o022:
             shutil.rmtree(folder)
