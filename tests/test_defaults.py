@@ -1,4 +1,4 @@
-"""Every entry point starts from the same generation defaults (issue 7)."""
+"""Every entry point starts from the same generation defaults."""
 from dataclasses import replace
 
 import pytest
