@@ -26,7 +26,8 @@ def private_folder(path: Path) -> Path:
     for missing in reversed([folder for folder in (path, *path.parents) if not folder.exists()]):
         missing.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)  # its parents too: mkdir gives them the umask's
     info = path.stat()
-    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
+    # (Windows has no POSIX modes to narrow: a user's profile folders are private there already)
+    if hasattr(os, "getuid") and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
         path.chmod(PRIVATE_FOLDER)
     return path
 
