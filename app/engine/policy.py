@@ -195,7 +195,7 @@ class CostAwareK:
         tokens it is expected to bring per second of the target's pass beat a plain step's one.
         Copying wherever it could cost speculative decoding about 5% on GSM8K and 3% on code on
         an Intel Xeon; with this rule news summaries kept the copies' gain (1.84x plain, 1.20x
-        without copies), one process each (docs/history.md)."""
+        without copies)."""
         if not self.costs.ready:
             return True
         copied = min(self.copied.rate, 0.999)
