@@ -48,6 +48,9 @@ ADDED_COLUMNS = [
 ]
 
 
+JOURNALS = ("-wal", "-shm", "-journal")  # the files SQLite keeps beside a database
+
+
 class StoreError(Exception):
     """Saving or reading failed (disk full, read-only, damaged, ...); the message is for the user."""
 
@@ -78,7 +81,7 @@ class ChatStore:
         # owner-only before SQLite opens it: its journal files take the database's permissions
         if not self.path.exists():
             os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
-        for file in (self.path, *(self.path.with_name(self.path.name + end) for end in ("-wal", "-shm"))):
+        for file in (self.path, *(self.path.with_name(self.path.name + end) for end in JOURNALS)):
             try:
                 file.chmod(PRIVATE_FILE)
             except OSError:  # not there, or not ours to change
@@ -104,7 +107,7 @@ class ChatStore:
         """Renames the damaged database, and its journal files with it (SQLite would replay them
         into the new one), to `<name>.damaged-<time>`."""
         aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-        for suffix in ("", "-wal", "-shm", "-journal"):
+        for suffix in ("", *JOURNALS):
             source = self.path.with_name(self.path.name + suffix)
             if source.exists():
                 source.replace(aside.with_name(aside.name + suffix))

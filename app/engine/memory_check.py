@@ -133,7 +133,9 @@ def _gguf_weights(path: Path) -> int | None:
 
     try:
         return sum(int(tensor.n_elements) for tensor in parse(path).tensors)
-    except Exception:  # a damaged file is reported by its load
+    except ModelError:  # refused by the structural check: said now
+        raise
+    except Exception:  # otherwise damaged: reported by its load
         return None
 
 

@@ -207,6 +207,8 @@ def _repacked_gguf(packaged: default_models.PackagedGGUF | None, path: Path | No
         model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {name}", f),
                                  feed_forward_bits=feed_forward_bits)
         return model, _gguf_tokenizer(gguf_path, model.config.model_type)
+    except ModelError:  # refused by the structural check (gguf_file.parse): its own line
+        raise
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
         raise ModelError(f"Cannot read GGUF file {gguf_path}: {in_one_line(error)}") from error
 
@@ -290,7 +292,6 @@ def _local_source(source: str) -> Path | None:
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}")
-        gguf_check.check(path)  # before any reader trusts its counts and offsets
         return path
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -334,6 +335,8 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
             model = _from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
             loader.take_rope_divisors(model, reader)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
+    except ModelError:  # refused by the structural check (gguf_file.parse): its own line
+        raise
     except Exception as error:  # the gguf reader raises many kinds on a damaged file
         raise ModelError(f"Cannot read GGUF file {gguf_path}: {in_one_line(error)}") from error
     # The weights are plain tensors now; drop the quantizer so the model saves as safetensors.

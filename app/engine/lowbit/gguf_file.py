@@ -93,7 +93,8 @@ class _ArraysAtOnce(gguf.GGUFReader):
 
 def parse(path: Path) -> gguf.GGUFReader:
     """GGUFReader(path), with the same fields and tensors, in a fraction of the time; a file whose
-    structure does not hold is refused first (ModelError), before gguf's reader trusts it."""
+    structure does not hold is refused first (ModelError), before gguf's reader trusts it: every
+    read of a GGUF's header goes through here (or, for a tokenizer alone, through gguf_check)."""
     gguf_check.check(path)
     with _lent(gguf.gguf_reader, "np", _PlainMapNumpy()):
         return _ArraysAtOnce(path)
