@@ -367,16 +367,15 @@ class MainWindow(QMainWindow):
         crashed = self.models.crashed_load
         if crashed is None:
             return
-        pair = f"{crashed['target']} with draft {crashed['draft']}"
-        if (crashed["target"], crashed["draft"]) != (LoadOptions().target, LoadOptions().draft):
-            self.controls.show_load_options(LoadOptions())
-            self.show_error("SpecChat closed while loading models",
-                            f"The last run ended while it loaded {pair} (a crash, or the system ending it for want "
-                            "of memory). This run starts with the default pair; pick those models again to retry.")
+        defaults = LoadOptions()
+        if (crashed["target"], crashed["draft"]) == (defaults.target, defaults.draft):
+            pair, then = "the default pair", "It is loaded again now."
         else:
-            self.show_error("SpecChat closed while loading models",
-                            "The last run ended while it loaded the default pair (a crash, or the system ending "
-                            "it for want of memory). It is loaded again now.")
+            pair, then = f"{crashed['target']} with draft {crashed['draft']}", \
+                "This run starts with the default pair; pick those models again to retry."
+            self.controls.show_load_options(defaults)
+        self.show_error("SpecChat closed while loading models", f"The last run ended while it loaded {pair} (a crash, "
+                        f"or the system ending it for want of memory). {then}")
 
     def _on_load_progress(self, stage: str, fraction: float) -> None:
         if self.progress is None or self.engine is not None:
