@@ -4,15 +4,11 @@ Loading one anyway ends with the process killed by the system (or the machine sw
 minutes): a 32B GGUF on a 16 GB laptop, or a 7B at float32 (28 GB, the reference precision).
 The estimate is the memory the load needs at its peak:
 - a GGUF at low bit: its file's size (the kernel's layout is within 3% of the file's blocks),
-  1.35 times that the first time, while its blocks are repacked (a 7B-shaped Q4_K_M: 5.76 GiB of
-  the process's own memory for a 4.36 GiB file, 2026-12-06);
+  1.35 times that the first time, while its blocks are repacked;
 - float32 (and int8, which is quantized from it): 4 bytes per weight;
 - a model folder at low bit: (bits + 1) / 8 bytes per weight (the integers, and a float16 scale and
   min per group of 32), 1.2 times that on its first start, while it is quantized a few rows at a
-  time and stored (a 7B-shaped bf16 folder at 8 bits, 7.6 billion weights: 8.8 GiB of the
-  process's own memory above its 0.24 GiB before the load, for 8.0 GiB estimated at 8 bits and 9.6
-  on the first start; the default target as a bf16 folder: 2.6 GiB above, for 2.2 estimated, its
-  tokenizer's 0.3 GiB within the reserve below; 2026-12-06).
+  time and stored (a 7B-shaped bf16 folder at 8 bits: 8.0 GiB estimated, 9.6 on the first start).
 Only a model that cannot fit even with nothing else running is refused: the memory other
 programs hold now may be given back, and the system may swap some. The pair is checked as one:
 a model's need counts the other model's memory, already taken.

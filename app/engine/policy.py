@@ -138,11 +138,10 @@ class CostAwareK:
     probe_budget: float = 0.03  # a probe's catch-up may cost this share of the plain time left
     # The tokens still to come, for pricing a catch-up: as many as the answer has run so far, at
     # least as many as the latest answers had (costs.typical_answer; before any, this many), at most
-    # the budget left (a cap, not a forecast). Priced over the whole budget, the draft read a
-    # 2,800-token article (8.8 s) for a 405-token summary, 0.68x plain's time after the first
-    # token; a long answer still earns the catch-up once it has shown itself long. With a fixed
-    # 128, answers of a few tokens ("Canberra.") paid the draft's reading of the prompt for nothing:
-    # 0.87x plain end to end on eight such questions.
+    # the budget left (a cap, not a forecast). Priced over the whole budget, a
+    # long article's reading would be paid for a short summary; with a fixed guess, answers of a
+    # few tokens ("Canberra.") would pay the draft's reading of the prompt for nothing. A long
+    # answer still earns the catch-up once it has shown itself long.
     first_answer: int = 128
 
     def __post_init__(self) -> None:

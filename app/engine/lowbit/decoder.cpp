@@ -118,11 +118,8 @@ inline void prefetch(const T* p, int64_t count) {
 constexpr int kMaxHeads = 4;        // query heads at a time: 16 accumulators in registers
 // The scores one pass of attend_kv_head holds at most (unless a single row needs more): a long
 // prompt's rows go in passes whose scores stay in L2 between being written, exponentiated and
-// weighed. All 256 rows of a prompt chunk at once had held 17 MB per kv head at 2,800 tokens, read
-// back from memory twice. One layer of the default target's shape (Xeon, 2026-12-05, best of 15,
-// alternated): 256 rows after 2,555 cached tokens 63.4 -> 39.7 ms, after 1,000 20.8 -> 14.2 (2 MB
-// passes: 45.4 and 17.2); verifications of 5 and 9 rows after 2,811 or 6,000 tokens the same or
-// faster. Rows are computed alone either way, so the results are the same bits.
+// weighed (all 256 rows of a prompt chunk at once would hold 17 MB per kv head at 2,800 tokens,
+// read back from memory twice). Rows are computed alone either way, so the results are the same bits.
 constexpr int64_t kScoreBytes = 512 * 1024;
 
 // Calls f(std::integral_constant<int, heads>) for 1 <= heads <= kMaxHeads.
@@ -400,8 +397,8 @@ void quantize_share(const Step& step, int64_t n, const float* x, Workspace& ws, 
                     Make&& make) {
   const int64_t k = step.input, unit = step.groups[1] ? 32 : 16, per_row = k / unit;
   const auto [begin, end] = share(n * per_row, thread, threads);
-  // The share's units row by row: one call each for its part of a row (a call per unit had cost
-  // more than the work of a unit)
+  // The share's units row by row: one call each for its part of a row (a call per unit would
+  // cost more than the work of a unit)
   for (int64_t u = begin; u < end;) {
     const int64_t row = u / per_row, last = std::min(end, (row + 1) * per_row);
     const int64_t column = (u % per_row) * unit, count = (last - u) * unit;

