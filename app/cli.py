@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from .bench.arguments import seed_arguments, speed_arguments, ui_arguments
-from .options import CHAT_DEFAULTS, DEFAULTS, add_engine_arguments, chat_options, generation_options
+from .engine.api import CHAT_DEFAULTS, DEFAULTS
+from .engine.flags import add_engine_arguments, chat_options, generation_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 run_seed(args)
             elif args.bench == "ui":
-                from .bench.ui import run_ui
+                from .ui.stream_benchmark import run_ui
 
                 run_ui(args)
             else:

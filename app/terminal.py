@@ -11,7 +11,7 @@ from .engine.engine import GenerationOptions, SpeculativeEngine
 from .engine.errors import ModelError, PromptTooLongError
 from .engine.models import load_model, pick_device
 from .engine.steps import FinishReason, Source
-from .options import chat_options, load_options
+from .engine.flags import chat_options, load_options
 
 # Okabe-Ito-like colours that stay apart for colour-blind readers.
 ANSI = {Source.ACCEPTED: "\033[38;5;39m", Source.CORRECTED: "\033[38;5;208m", Source.BONUS: "\033[38;5;178m",

@@ -8,7 +8,8 @@ from app.cli import build_parser
 from app.engine import lean_decoder
 from app.engine.engine import GenerationOptions
 from app.engine.choices import default_draft_precision
-from app.options import CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS, chat_options, generation_options, load_options
+from app.engine.api import CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS
+from app.engine.flags import chat_options, generation_options, load_options
 
 
 def parsed(*argv: str):

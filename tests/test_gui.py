@@ -11,7 +11,7 @@ from app.engine.steps import FinishReason
 from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
 from app.engine.errors import ModelError
 from app.engine.sampling import SamplingParams
-from app.options import CHAT_DEFAULTS
+from app.engine.api import CHAT_DEFAULTS
 from app.ui.main_window import READ_AHEAD_AFTER_MS, MainWindow
 from app.ui.theme import LIGHT
 from tests.helpers import EMPTY_GGUF
@@ -52,14 +52,14 @@ def make_window(qtbot, tmp_path, tiny_models):
         # (A waitSignal blocker entered and never exited stayed connected after it was collected,
         # and Qt then called into freed memory: a rare segfault during garbage collection.)
         if hold is None:
-            qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
+            qtbot.waitUntil(lambda: window.controller.engine is not None, timeout=10_000)
         windows.append(window)
         return window
 
     yield make
     for window in windows:
-        window.worker.stop()
-        window.worker.wait(10)
+        window.controller.stop()
+        qtbot.waitUntil(lambda: not window.controller.session.busy, timeout=10_000)
 
 
 def send_and_wait(qtbot, window, text="hello there"):
@@ -70,9 +70,9 @@ def send_and_wait(qtbot, window, text="hello there"):
 
 
 def wait_until_streaming(qtbot, window):
-    """Poll on the UI thread: the worker's step signal is emitted on a Python thread, and a test
+    """Poll on the UI thread: the engine's steps are computed on a Python thread, and a test
     blocker connected to it directly would run there, racing the UI thread (a rare segfault)."""
-    qtbot.waitUntil(lambda: window.session.builder is not None and bool(window.session.builder.tokens), timeout=10_000)
+    qtbot.waitUntil(lambda: window.controller.session.builder is not None and bool(window.controller.session.builder.tokens), timeout=10_000)
 
 
 def token_fragments(window):
@@ -95,7 +95,7 @@ def test_chat_turn_streams_with_provenance_colours(qtbot, make_window):
     # fixed k: every step drafts, so no plain tokens; the same-model draft alone: no corrections
     window = make_window(k=3, adaptive=False, lookup=False)
     steps = []
-    window.worker.step.connect(steps.append)
+    window.controller.step.connect(steps.append)
     answer = send_and_wait(qtbot, window)
     assert len(steps) > 1  # streamed step by step
     assert answer.role == "assistant" and answer.tokens
@@ -188,7 +188,7 @@ def test_a_message_sent_while_the_models_load_goes_once_they_are_there(qtbot, ma
     assert window.send_button.isEnabled()  # the window opens first: sending need not wait for the models
     window.composer.setPlainText("hello there")
     window.send_button.click()
-    assert window.engine is None and not window.conversation.messages
+    assert window.controller.engine is None and not window.conversation.messages
     assert "sent as soon as they are ready" in window.statusBar().currentMessage()
     with qtbot.waitSignal(window.answer_finished, timeout=30_000):
         hold.set()
@@ -203,7 +203,7 @@ def test_esc_keeps_a_message_sent_while_the_models_load(qtbot, make_window):
     qtbot.keyClick(window.composer, Qt.Key_Return)
     qtbot.keyClick(window.composer, Qt.Key_Escape)
     hold.set()
-    qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
+    qtbot.waitUntil(lambda: window.controller.engine is not None, timeout=10_000)
     qtbot.wait(100)
     assert not window.conversation.messages and window.composer.toPlainText() == "not yet"
 
@@ -305,14 +305,14 @@ def test_the_kv_cache_picker_reloads_the_engine_and_is_remembered(qtbot, make_wi
     lowbit = LoadedModel("tiny low-bit", quantize_model(tiny.model, 4), tiny.tokenizer)
     tiny_models["default-target"] = tiny_models["default-draft"] = lowbit
     window = make_window()
-    assert window.engine.kv_cache == torch.float16
-    with qtbot.waitSignal(window.loader.loaded, timeout=10_000):
+    assert window.controller.engine.kv_cache == torch.float16
+    with qtbot.waitSignal(window.models_ready, timeout=10_000):
         window.controls.kv_cache.setCurrentIndex(window.controls.kv_cache.findData("float32"))
-    assert window.engine.kv_cache == torch.float32
+    assert window.controller.engine.kv_cache == torch.float32
     send_and_wait(qtbot, window)
     assert "(float32)" in window.acceptance.fields["memory"].text()
     window.save_settings()
-    assert make_window().engine.kv_cache == torch.float32
+    assert make_window().controller.engine.kv_cache == torch.float32
 
 
 def test_stop_cancels_generation(qtbot, make_window):
@@ -340,7 +340,7 @@ def test_a_draft_of_another_vocabulary_leaves_the_target_speculating_by_prompt_l
     assert "runs alone, speculating by prompt lookup" in window.last_error and ". Meanwhile" in window.last_error
     index = window.controls.draft.findData("foreign-draft")
     assert window.controls.draft.itemText(index).endswith("(different vocabulary)")
-    assert window.controls.draft_source() == "foreign-draft" and window.engine.draft is None
+    assert window.controls.draft_source() == "foreign-draft" and window.controller.engine.draft is None
     assert "no draft model" in window.acceptance.fields["memory"].text()
     answer = send_and_wait(qtbot, window)
     assert answer.stats.mode.startswith("speculative (prompt lookup")
@@ -357,12 +357,12 @@ def test_a_target_of_another_family_loads_beside_the_chosen_draft(qtbot, make_wi
     target = window.controls.target
     target.setCurrentIndex(target.findData("foreign-draft"))  # a 64-token model as the target
     qtbot.waitUntil(lambda: window.last_error is not None, timeout=10_000)
-    assert window.controls.target_source() == "foreign-draft" and window.engine.target.name == "tiny-3"
-    assert window.engine.draft is None
+    assert window.controls.target_source() == "foreign-draft" and window.controller.engine.target.name == "tiny-3"
+    assert window.controller.engine.draft is None
     draft = window.controls.draft
     assert draft.itemText(draft.findData("default-draft")).endswith("(different vocabulary)")
     target.setCurrentIndex(target.findData("default-target"))
-    qtbot.waitUntil(lambda: window.engine is not None and window.engine.draft is not None, timeout=10_000)
+    qtbot.waitUntil(lambda: window.controller.engine is not None and window.controller.engine.draft is not None, timeout=10_000)
     assert not any(draft.itemText(i).endswith("(different vocabulary)") for i in range(draft.count()))
     assert draft.model().item(draft.findData("default-draft")).isEnabled()
 
@@ -377,8 +377,8 @@ def test_a_missing_model_file_is_a_message_and_does_not_blame_the_draft(qtbot, m
                    for i in range(window.controls.draft.count()))
     # back to the pair that worked, loaded again; the settings keep it for the next start
     assert (window.controls.target_source(), window.controls.draft_source()) == ("default-target", "other-draft")
-    qtbot.waitUntil(lambda: window.engine is not None, timeout=10_000)
-    assert window.engine.draft.name == "tiny-2"
+    qtbot.waitUntil(lambda: window.controller.engine is not None, timeout=10_000)
+    assert window.controller.engine.draft.name == "tiny-2"
     window.save_settings()
     assert make_window().controls.target_source() == "default-target"
 
@@ -388,7 +388,7 @@ def test_a_saved_choice_that_no_longer_loads_falls_back_to_the_default_pair(qtbo
     default pair instead of leaving the window without models."""
     window = make_window(target="missing-target", extra_models=["other-draft", "missing-target"])
     assert "missing-target" in window.last_error
-    assert window.controls.target_source() == "default-target" and window.engine is not None
+    assert window.controls.target_source() == "default-target" and window.controller.engine is not None
 
 
 def test_a_saved_model_whose_file_is_gone_is_marked_in_the_pickers(qtbot, make_window, tmp_path):
@@ -402,7 +402,7 @@ def test_a_saved_model_whose_file_is_gone_is_marked_in_the_pickers(qtbot, make_w
         assert "No such file or folder" in combo.itemData(index, Qt.ToolTipRole)
     assert window.controls.draft.itemText(window.controls.draft.findData("other-draft")) == "other-draft"
     (tmp_path / "deleted.gguf").write_bytes(EMPTY_GGUF)  # the file is back and added again
-    window.add_model_source(gone)
+    window.models.add_model_source(gone)
     assert window.controls.target.itemText(window.controls.target.findData(gone)) == "deleted.gguf"
     # a GGUF without a tokenizer: marked so, not blamed on the vocabulary, and still offered
     draft = window.controls.draft
@@ -461,12 +461,12 @@ def test_a_deleted_chat_whose_models_were_busy_loses_its_copies_before_the_windo
     window = make_window(saved_caches=saved)
     send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
     monkeypatch.setattr(QMessageBox, "question", lambda *args: QMessageBox.Yes)
-    window.engine._busy.acquire()
+    window.controller.engine._busy.acquire()
     try:
         window.delete_chat()
     finally:
-        window.engine._busy.release()
-    assert window._forget_when_loaded  # kept to be tried again
+        window.controller.engine._busy.release()
+    assert window.controller._forget_when_loaded  # kept to be tried again
     window.close()
     assert not list(saved.rglob("*.pt"))
 
@@ -482,9 +482,9 @@ def test_a_chat_deleted_while_the_models_load_loses_its_saved_copies_once_they_a
     again.open_chat(chat_id)
     monkeypatch.setattr(QMessageBox, "question", lambda *args: QMessageBox.Yes)
     again.delete_chat()
-    assert again.engine is None and again.chat_list.count() == 0
+    assert again.controller.engine is None and again.chat_list.count() == 0
     hold.set()
-    qtbot.waitUntil(lambda: again.engine is not None, timeout=10_000)
+    qtbot.waitUntil(lambda: again.controller.engine is not None, timeout=10_000)
     assert not list(saved.rglob("*.pt"))
 
 
@@ -492,9 +492,9 @@ def test_switching_models_saves_the_caches_of_those_left(qtbot, make_window, tmp
     saved = tmp_path / "saved-caches"
     window = make_window(saved_caches=saved)
     send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
-    with qtbot.waitSignal(window.loader.loaded, timeout=10_000):
+    with qtbot.waitSignal(window.models_ready, timeout=10_000):
         window.controls.draft.setCurrentIndex(window.controls.draft.findData("other-draft"))
-    assert window.engine is not None and list(saved.rglob("*.pt"))
+    assert window.controller.engine is not None and list(saved.rglob("*.pt"))
 
 
 def test_compare_reports_identical_greedy_texts(qtbot, make_window):
@@ -529,7 +529,7 @@ def test_added_model_with_another_vocabulary_is_flagged(qtbot, make_window, tmp_
     folder = str(tmp_path / "foreign")
     foreign.model.save_pretrained(folder)
     foreign.tokenizer.save_pretrained(folder)
-    window.add_model_source(folder)
+    window.models.add_model_source(folder)
     index = window.controls.draft.findData(folder)
     qtbot.waitUntil(lambda: window.controls.draft.itemText(index).endswith("(different vocabulary)"), timeout=20_000)
     assert "do not share a vocabulary" in window.controls.draft.itemData(index, Qt.ToolTipRole)
@@ -557,7 +557,7 @@ def test_regenerate_keeps_versions_to_flip_between(qtbot, make_window):
     assert len(window.conversation.messages) == 2 and len(answer.versions) == 2 and answer.shown == 1
     assert answer.stats.mode == "plain" and answer.versions[0].stats.mode.startswith("speculative")
     assert "2/2" in window.chat_view.toPlainText()
-    window.on_message_action("version", 1, 0)
+    window.messages.on_message_action("version", 1, 0)
     assert answer.shown == 0 and answer.content == first.content and "1/2" in window.chat_view.toPlainText()
     saved = ChatStore(window.store.path).load_chat(window.conversation.id).messages[-1]
     assert saved.shown == 0 and [v.stats.mode for v in saved.versions] == [v.stats.mode for v in answer.versions]
@@ -567,7 +567,7 @@ def test_edit_and_resend_continues_from_the_edited_message(qtbot, make_window):
     window = make_window(max_new_tokens=8)
     send_and_wait(qtbot, window, "t1 t2")
     send_and_wait(qtbot, window, "t3 t4")
-    window.on_message_action("edit", 0, 0)
+    window.messages.on_message_action("edit", 0, 0)
     assert window.composer.toPlainText() == "t1 t2" and window.edit_banner.isVisibleTo(window)
     with qtbot.waitSignal(window.answer_finished, timeout=30_000):
         window.composer.setPlainText("t9 t9")
@@ -588,7 +588,7 @@ def test_a_question_left_unanswered_can_be_answered(qtbot, make_window, tmp_path
     window.open_chat(chat.id)
     assert "No answer yet" in window.chat_view.toPlainText()
     with qtbot.waitSignal(window.answer_finished, timeout=30_000):
-        window.on_message_action("answer", 0, 0)
+        window.messages.on_message_action("answer", 0, 0)
     assert [m.role for m in window.conversation.messages] == ["user", "assistant"]
     assert "No answer yet" not in window.chat_view.toPlainText()
 
@@ -601,17 +601,17 @@ def test_copy_message_and_code_block(qtbot, make_window):
     window = make_window()
     window.conversation.messages.append(Message("user", "Show code:\n```python\nprint(1)\n```\nthanks"))
     window.chat_view.show_messages(window.conversation.messages)
-    window.on_message_action("copy", 0, 0)
+    window.messages.on_message_action("copy", 0, 0)
     assert QApplication.clipboard().text() == window.conversation.messages[0].content
-    window.on_message_action("copycode", 0, 0)
+    window.messages.on_message_action("copycode", 0, 0)
     assert QApplication.clipboard().text() == "print(1)\n"
     # an answer is copied without a reasoning model's thinking, unless it is all there is so far
     window.conversation.messages.append(Message("assistant", "<think>\nTwo twos.\n</think>\n\n2 × 2 = **4**."))
-    window.on_message_action("copy", 1, 0)
+    window.messages.on_message_action("copy", 1, 0)
     assert QApplication.clipboard().text() == "2 × 2 = **4**."
     window.conversation.messages.append(Message("user", "again"))
     window.conversation.messages.append(Message("assistant", "<think>\nStill thinking"))
-    window.on_message_action("copy", 3, 0)
+    window.messages.on_message_action("copy", 3, 0)
     assert QApplication.clipboard().text() == "<think>\nStill thinking"
 
 
@@ -619,7 +619,7 @@ def test_system_prompt_reaches_the_model_and_is_saved(qtbot, make_window):
     window = make_window(system_prompt="t7 t7 t7")
     assert window.conversation.system_prompt == "t7 t7 t7"  # the default from settings
     send_and_wait(qtbot, window, "t1")
-    window.session.set_system_prompt("t8")
+    window.controller.session.set_system_prompt("t8")
     assert window.conversation.prompt_messages()[0] == {"role": "system", "content": "t8"}
     assert ChatStore(window.store.path).load_chat(window.conversation.id).system_prompt == "t8"
 
@@ -638,12 +638,12 @@ def test_selection_survives_while_an_answer_streams(qtbot, make_window):
     cursor.setPosition(5, QTextCursor.KeepAnchor)  # "You  " of the first message
     window.chat_view.setTextCursor(cursor)
     selected = window.chat_view.textCursor().selectedText()
-    tokens_then = len(window.session.builder.tokens)
-    qtbot.waitUntil(lambda: window.session.builder is None or len(window.session.builder.tokens) > tokens_then + 20,
+    tokens_then = len(window.controller.session.builder.tokens)
+    qtbot.waitUntil(lambda: window.controller.session.builder is None or len(window.controller.session.builder.tokens) > tokens_then + 20,
                     timeout=20_000)
     assert window.chat_view.textCursor().selectedText() == selected and selected
     window.stop()
-    qtbot.waitUntil(lambda: not window.session.busy, timeout=20_000)
+    qtbot.waitUntil(lambda: not window.controller.session.busy, timeout=20_000)
 
 
 def test_a_streamed_answer_ending_in_a_list_keeps_its_header_a_paragraph(qtbot):
@@ -715,7 +715,7 @@ def test_a_follow_up_finds_the_conversation_cached(qtbot, make_window):
     assert f"{cached:,} of {prompt:,} prompt tokens cached" in window.acceptance.fields["first"].text()
     # the memory line counts the caches as they are after the answer
     memory = window.acceptance.fields["memory"]
-    assert window.engine.cache_bytes() > 0 and memory.text().endswith(f", caches {window.engine.cache_bytes() / 2**20:,.0f} MiB")
+    assert window.controller.engine.cache_bytes() > 0 and memory.text().endswith(f", caches {window.controller.engine.cache_bytes() / 2**20:,.0f} MiB")
     assert "weights add 100% to the target's" in memory.toolTip()  # the tiny draft is the target's twin
 
 
@@ -727,15 +727,15 @@ def test_the_message_is_read_while_it_is_typed(qtbot, make_window):
     window.read_ahead_action.setChecked(False)
     window.composer.setPlainText(text)
     qtbot.wait(2 * READ_AHEAD_AFTER_MS)
-    assert window.engine.cache_bytes() == 0  # switched off: nothing read
+    assert window.controller.engine.cache_bytes() == 0  # switched off: nothing read
     unread = send_and_wait(qtbot, window, text)
     assert unread.stats.cached_prompt_tokens == 0
     window.new_chat()
-    window.engine.forget()
+    window.controller.engine.forget()
     window.read_ahead_action.setChecked(True)
     window.composer.setPlainText(text)
     prompt_tokens = unread.stats.prompt_tokens
-    qtbot.waitUntil(lambda: window.engine._target.length == prompt_tokens - 1, timeout=10_000)
+    qtbot.waitUntil(lambda: window.controller.engine._target.length == prompt_tokens - 1, timeout=10_000)
     with qtbot.waitSignal(window.answer_finished, timeout=30_000):
         window.send_button.click()
     read_ahead = window.conversation.messages[-1]
@@ -752,7 +752,7 @@ def test_a_message_is_read_while_typing_goes_on(qtbot, make_window):
     for i in range(3 * READ_AHEAD_AFTER_MS // 100):  # a word every 0.1 s
         window.composer.insertPlainText(f" t{i + 5}")
         qtbot.wait(100)
-    assert window.engine._target.length > 0
+    assert window.controller.engine._target.length > 0
 
 
 def test_window_shortcuts_work_while_typing(qtbot, make_window):
@@ -918,7 +918,7 @@ def test_thinking_switches_off_where_the_chat_template_can(qtbot, make_window, t
         model.tokenizer.chat_template = QWEN3_STYLE_TEMPLATE
     window = make_window()
     assert window.controls.thinking.isEnabled() and window.controls.thinking.isChecked()
-    empty_thinking = window.engine.target.tokenizer("t90 t91", add_special_tokens=False).input_ids
+    empty_thinking = window.controller.engine.target.tokenizer("t90 t91", add_special_tokens=False).input_ids
     send_and_wait(qtbot, window, "t5")
     assert prompts[-1][-2:] != empty_thinking
     window.controls.thinking.setChecked(False)
@@ -965,10 +965,10 @@ def test_add_model_picks_a_file_or_folder_and_refuses_a_missing_path(qtbot, make
         return AddModelDialog.Accepted
 
     monkeypatch.setattr(AddModelDialog, "exec", exec_)
-    window.add_model()
+    window.models.add_model()
     assert window.controls.target.findData(str(gguf)) >= 0 and window.controls.draft.findData(str(gguf)) >= 0
     count = window.controls.target.count()
-    window.add_model()
+    window.models.add_model()
     assert picked[-1] == str(gguf.parent) and window.controls.target.count() == count
 
 
@@ -992,7 +992,7 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
         (models / name / "lowbit.safetensors").write_bytes(b"x" * 3_000_000)
         (models / name / prepared.NOTE).write_text(json.dumps({"source": source, "precision": precision}))
     (models / "Qwen2.5-Coder-0.5B-Instruct.gguf").write_bytes(b"y" * 500_000)  # assembled for the peer
-    dialog = window.show_prepared_models()
+    dialog = window.models.show_prepared_models()
     rows = {dialog.table.item(r, 0).text(): [dialog.table.item(r, c).text() for c in range(1, 5)]
             for r in range(dialog.table.rowCount())}
     assert rows["Qwen2.5-Coder-1.5B-Instruct (default)  (in use)"] == [
@@ -1015,7 +1015,7 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
     loading = threading.Event()
     window = make_window(hold=loading, draft_precision="3bit")  # a pair still loading is in use too
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
-    dialog = window.show_prepared_models()
+    dialog = window.models.show_prepared_models()
     assert dialog.table.item(0, 0).text().endswith("(in use)")
     dialog.close()
     loading.set()
@@ -1024,8 +1024,8 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
     (models / "Qwen2.5-Coder-0.5B-Instruct-3bit").mkdir()
     (models / "Qwen2.5-Coder-0.5B-Instruct-3bit" / prepared.NOTE).write_text('["not", "a note"]')  # known by its name
-    assert window.engine.draft is None  # a draft of another vocabulary is not in use
-    dialog = window.show_prepared_models()
+    assert window.controller.engine.draft is None  # a draft of another vocabulary is not in use
+    dialog = window.models.show_prepared_models()
     assert not any(dialog.table.item(row, 0).text().endswith("(in use)") for row in range(dialog.table.rowCount()))
     dialog.close()
 

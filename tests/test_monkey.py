@@ -28,28 +28,28 @@ def test_monkey_random_actions_lose_nothing(qtbot, make_window, monkeypatch, tmp
 
     def send() -> None:
         text = f"t{rng.randrange(1, 90)} m{counter['sent']}"
-        editing = window.editing
+        editing = window.messages.editing
         removed = texts_from(editing) if editing is not None else set()
         window.composer.setPlainText(text)
         window.send_button.click()
-        if window.engine is None and window.loading and not window.session.busy:  # sent once the models are there
+        if window.controller.engine is None and window.controller.loading and not window.controller.session.busy:  # sent once the models are there
             if rng.random() < 0.5:
                 qtbot.keyClick(window.composer, Qt.Key_Escape)  # or not: it stays in the box
                 return
-            qtbot.waitUntil(lambda: window.engine is not None or not window.loading, timeout=20_000)
-        if window.session.busy and any(m.content == text for m in window.conversation.messages):
+            qtbot.waitUntil(lambda: window.controller.engine is not None or not window.controller.loading, timeout=20_000)
+        if window.controller.session.busy and any(m.content == text for m in window.conversation.messages):
             kept.difference_update(removed)
             kept.add(text)
             counter["sent"] += 1
 
     def edit() -> None:
         users = [i for i, m in enumerate(window.conversation.messages) if m.role == "user"]
-        if users and not window.session.busy:
-            window.on_message_action("edit", rng.choice(users), 0)
+        if users and not window.controller.session.busy:
+            window.messages.on_message_action("edit", rng.choice(users), 0)
             if rng.random() < 0.7:
                 send()
             else:
-                window.cancel_edit()
+                window.messages.cancel_edit()
 
     def delete() -> None:
         if window.delete_button.isEnabled() and window.conversation.id is not None:
@@ -70,7 +70,7 @@ def test_monkey_random_actions_lose_nothing(qtbot, make_window, monkeypatch, tmp
             window.open_chat(window.chat_list.item(rng.randrange(window.chat_list.count())).data(0x0100))
 
     def flip() -> None:
-        window.flip_version(rng.choice([-1, 1]))
+        window.messages.flip_version(rng.choice([-1, 1]))
 
     def toggle_speculation() -> None:
         window.controls.speculative.setChecked(not window.controls.speculative.isChecked())
@@ -85,11 +85,11 @@ def test_monkey_random_actions_lose_nothing(qtbot, make_window, monkeypatch, tmp
     for _ in range(ACTIONS):
         rng.choices(functions, weights)[0]()
         qtbot.wait(rng.choice([0, 0, 5, 20, 60]))
-        if window.engine is None and rng.random() < 0.3:  # a model switch: let it load sometimes
-            qtbot.waitUntil(lambda: window.engine is not None or window.controls.draft.isEnabled(), timeout=20_000)
+        if window.controller.engine is None and rng.random() < 0.3:  # a model switch: let it load sometimes
+            qtbot.waitUntil(lambda: window.controller.engine is not None or window.controls.draft.isEnabled(), timeout=20_000)
 
     window.stop()
-    qtbot.waitUntil(lambda: not window.session.busy and not window.worker.running, timeout=30_000)
+    qtbot.waitUntil(lambda: not window.controller.session.busy, timeout=30_000)
     assert counter["sent"] >= 20  # the monkey really chatted
 
 

@@ -10,7 +10,7 @@ from PySide6.QtGui import QColor, QImage
 
 from app.chat.store import ChatStore
 from app.engine.models import load_model
-from app.options import LOAD_DEFAULTS
+from app.engine.api import LOAD_DEFAULTS
 from app.ui.main_window import MainWindow
 from app.ui.theme import LIGHT
 from tests.test_gui import send_and_wait, token_fragments
@@ -55,7 +55,7 @@ def test_real_pair_turn_streams_with_provenance(qtbot, tmp_path, real_models):
                         load=lambda source, device, dtype, report, **_: real_models[source])
     qtbot.addWidget(window)
     window.show()
-    qtbot.waitUntil(lambda: window.engine is not None, timeout=30_000)
+    qtbot.waitUntil(lambda: window.controller.engine is not None, timeout=30_000)
     answer = send_and_wait(qtbot, window, "Write a Python function that adds two numbers.")
     assert answer.stats.tokens == 32 and "accepted" in {t.source for t in answer.tokens}
     for href, colour in token_fragments(window):

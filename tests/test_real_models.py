@@ -7,7 +7,7 @@ from app.engine.engine import SpeculativeEngine
 from app.engine.errors import ModelError
 from app.engine.models import load_model
 from app.engine.steps import Source
-from app.options import LOAD_DEFAULTS
+from app.engine.api import LOAD_DEFAULTS
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model
 

@@ -13,10 +13,10 @@ from app.chat.answer import AnswerBuilder
 from app.chat.session import ChatSession, RequestKind, options_of, settings_of
 from app.chat.store import ChatStore
 from app.engine.engine import GenerationOptions, SpeculativeEngine
-from app.engine.model_cache import ModelCache
+from app.engine.model_pool import ModelPool
 from app.engine.sampling import SamplingParams
 from app.engine.steps import EmittedToken, FinishReason, Source, Stats, Step
-from app.options import LoadOptions
+from app.engine.api import LoadOptions
 from tests.helpers import options
 from tests.tiny import tiny_model
 
@@ -27,7 +27,7 @@ def engine():
 
 
 def run(session, engine, request, stop_after=None):
-    """Feed the request's real engine steps into the session, as the window's worker does."""
+    """Feed the request's real engine steps into the session, as the chat controller does."""
     cancel = threading.Event()
     for count, step in enumerate(engine.generate(request.prompt_ids, request.options, cancel), 1):
         session.add_step(step)
@@ -146,7 +146,7 @@ def test_a_superseded_load_returns_no_engine():
             newer.append(cache.request())  # the user picks other models while this one loads
         return tiny_model(seed=1)
 
-    cache, newer = ModelCache(load), []
+    cache, newer = ModelPool(load), []
     old = cache.request()
     assert cache.engine(old, LoadOptions(target="slow-target"), lambda *_: None) is None
     assert loads == ["slow-target"]  # stopped before loading the draft
@@ -162,7 +162,7 @@ def test_a_pairs_second_model_is_checked_beside_the_first():
         loads.append((source, held))
         return tiny_model(seed=len(loads))
 
-    cache = ModelCache(load)
+    cache = ModelPool(load)
     engine = cache.engine(cache.request(), LoadOptions(), lambda *_: None)
     assert loads == [("default-target", 0), ("default-draft", engine.target.memory_bytes)]
 

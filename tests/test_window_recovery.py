@@ -14,8 +14,8 @@ from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QWidget
 
 from app.chat.store import ChatStore
-from app.engine.model_cache import ModelCache
-from app.options import LoadOptions
+from app.engine.model_pool import ModelPool
+from app.engine.api import LoadOptions
 from app.ui.main_window import MainWindow
 from app.ui.single_instance import SingleInstance
 from tests.tiny import tiny_model
@@ -36,7 +36,7 @@ def window(qtbot, tmp_path, tiny_pair, **settings) -> MainWindow:
     made = MainWindow(ChatStore(tmp_path / "chats.sqlite3"), config,
                       load=lambda source, *args, **kwargs: tiny_pair[source])
     qtbot.addWidget(made)
-    qtbot.waitUntil(lambda: made.engine is not None, timeout=10_000)
+    qtbot.waitUntil(lambda: made.controller.engine is not None, timeout=10_000)
     return made
 
 
@@ -52,11 +52,11 @@ def test_a_damaged_file_of_chats_is_set_aside_and_said(qtbot, tmp_path, tiny_pai
 CRASHING_LOAD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from app.engine.model_cache import ModelCache
-    from app.options import LoadOptions
+    from app.engine.model_pool import ModelPool
+    from app.engine.api import LoadOptions
     def load(source, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGSEGV)  # as a kernel reading past a hostile file's tensor would
-    cache = ModelCache(load, load_marker=Path(sys.argv[1]))
+    cache = ModelPool(load, load_marker=Path(sys.argv[1]))
     cache.engine(cache.request(), LoadOptions(target="other-target"), lambda *a: None)
 """)
 
@@ -65,7 +65,7 @@ def test_a_run_that_died_loading_a_pair_leaves_its_name(tmp_path):
     marker = tmp_path / "loading.json"
     died = subprocess.run([sys.executable, "-c", CRASHING_LOAD, str(marker)], cwd=ROOT, capture_output=True, timeout=120)
     assert died.returncode == -signal.SIGSEGV
-    assert ModelCache(load_marker=marker).crashed_load == {"target": "other-target", "draft": "default-draft"}
+    assert ModelPool(load_marker=marker).crashed_load == {"target": "other-target", "draft": "default-draft"}
 
 
 def test_the_next_start_after_a_load_that_died_takes_the_default_pair(qtbot, tmp_path, tiny_pair):
@@ -81,7 +81,7 @@ def test_a_load_that_fails_cleanly_leaves_no_marker(tmp_path):
     def failing(*args, **kwargs):
         raise OSError("no such file")
 
-    cache = ModelCache(failing, load_marker=tmp_path / "loading.json")
+    cache = ModelPool(failing, load_marker=tmp_path / "loading.json")
     with pytest.raises(OSError):
         cache.engine(cache.request(), LoadOptions(), lambda *a: None)
     assert not (tmp_path / "loading.json").exists()

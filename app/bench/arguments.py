@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..options import add_engine_arguments
+from ..engine.flags import add_engine_arguments
 from .data import DEFAULT_DATA_DIR
 
 

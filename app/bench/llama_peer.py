@@ -19,6 +19,7 @@ from ..engine import default_models
 from ..engine.prefix_cache import common_prefix
 from ..engine.models import cache_dir
 from ..engine.sampling import SamplingParams
+from .runs import RunResult
 
 N_DRAFT_MAX = 8
 DRAFT_P_MIN = 0.75
@@ -153,8 +154,6 @@ class LlamaPeer:
                 f"(draft {self.files[1]}), {chosen}; speculative: draft up to {N_DRAFT_MAX}, p-min {DRAFT_P_MIN}")
 
     def plain(self, prompt: list[int], max_new_tokens: int):
-        from .speed import RunResult
-
         llm, sampler = self.target, self._sampler()
         _truncate(llm, 0)
         start = time.perf_counter()
@@ -171,8 +170,6 @@ class LlamaPeer:
             llm.eval([token])
 
     def speculative(self, prompt: list[int], max_new_tokens: int):
-        from .speed import RunResult
-
         target, draft, sampler = self.verifier, self.draft, self._sampler()
         committed = list(prompt)
         start = time.perf_counter()

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from ..chat.prompt import chat_prompt_ids
 from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.models import load_model, pick_device
-from ..options import generation_options, load_options
+from ..engine.flags import generation_options, load_options
 from .tasks import TASKS, Task
 
 

@@ -21,21 +21,10 @@ from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.lowbit.skeleton import as_transformers
 from ..engine.models import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
-from ..options import generation_options, load_options
+from ..engine.flags import generation_options, load_options
 from . import llama_peer
 from .data import DEFAULT_DATA_DIR, read_jsonl
-
-Run = Callable[[list[int], int], "RunResult"]  # (prompt, max new tokens)
-
-
-@dataclass
-class RunResult:
-    ids: list[int]
-    stats: Stats | None = None
-    prefill_seconds: float | None = None  # when the mode can tell prefill from decoding
-    first_token_seconds: float | None = None  # from the call to the first token, where the mode can tell
-    seconds: float | None = None  # the timed part, where the mode does untimed work first (a read-ahead)
-
+from .runs import Run, RunResult
 
 @dataclass
 class ModeTotals:

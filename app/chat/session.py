@@ -269,7 +269,7 @@ class ChatSession:
                 self._save_version(self.builder.message(FinishReason.INTERRUPTED))
             elif self.request.kind is RequestKind.CONTINUE:
                 self._grow_last(self.builder.message(FinishReason.INTERRUPTED))
-        self.builder = self.request = None
+        self.builder = self.request = self._streaming_id = None
 
     def _save_version(self, answer: Message) -> Message:
         """A regenerated answer as a new version of the last message: added at its first save,

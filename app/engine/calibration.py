@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .cache import cache_root
+from .files import cache_root
 from .files import private_folder, write_text
 from .engine import SpeculativeEngine
 from .lowbit import kernel

@@ -3,10 +3,14 @@ and stores them before the engine is imported (torch and transformers take secon
 and the window opens first)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from .lowbit.cpu import machine_isa
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Precision(str, Enum):
@@ -100,3 +104,32 @@ class GenerationOptions:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if not 0 <= self.lookup <= 64:
             raise ValueError(f"lookup must be between 0 and 64, got {self.lookup}")
+
+
+DEFAULTS = GenerationOptions()
+# The chats' defaults (the window's and the terminal's) add a repeat penalty of 1.1, LM Studio's and
+# Ollama's default: greedy decoding of the small default models otherwise often ends in a line
+# repeated to the token limit. The benchmarks decode without one, as llama.cpp's own tools do.
+CHAT_DEFAULTS = replace(DEFAULTS, sampling=replace(DEFAULTS.sampling, repeat_penalty=1.1))
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Which models to load and how: the window's Models tab, and the engine flags of the command line."""
+
+    target: str = "default-target"
+    draft: str = "default-draft"
+    precision: Precision = Precision.LOWBIT  # the target runs from the GGUF's own low-bit blocks
+    # a cheaper draft never changes the answer; 3-bit feed-forward layers where the kernel gains from them
+    draft_precision: Precision = field(default_factory=default_draft_precision)
+    draft_vocabulary: int = COMMON_TOKENS  # speed only, too: the draft proposes common tokens and the conversation's
+    kv_cache: str = DEFAULT_CACHE  # the low-bit models' cache: float16, as llama.cpp's; float32 rounds as the reference
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        from .lean_decoder import CACHE_DTYPES  # torch's import waits for the models' load
+
+        return CACHE_DTYPES[self.kv_cache]
+
+
+LOAD_DEFAULTS = LoadOptions()

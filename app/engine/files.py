@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import platformdirs
+
 PRIVATE_FOLDER = 0o700
 PRIVATE_FILE = 0o600
 _PARTIAL = re.compile(r"\.partial(?:-(\d+))?$")  # "<name>.partial-<pid>"; plain ".partial" from older versions
@@ -133,3 +135,14 @@ def _process_alive(pid: int) -> bool:
 def private_temporary_folder(parent: Path, prefix: str) -> Path:
     """A new owner-only folder under `parent` whose name no one can take first."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir=private_folder(parent)))
+
+
+def cache_root() -> Path:
+    """Where SpecChat keeps what it prepares once (repacked models, the compiled kernel, saved
+    caches): the user cache directory (`SPECCHAT_CACHE` overrides it), owner-only; one that cannot
+    be made so (a read-only disk) is returned as it is: what writes there says why it cannot."""
+    root = Path(os.environ.get("SPECCHAT_CACHE") or platformdirs.user_cache_dir("specchat"))
+    try:
+        return private_folder(root)
+    except OSError:
+        return root

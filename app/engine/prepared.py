@@ -17,9 +17,8 @@ from datetime import date
 from pathlib import Path
 
 from . import default_models
-from .cache import cache_root
 from .choices import Precision
-from .files import is_partial, write_text
+from .files import cache_root, is_partial, write_text
 
 NOTE = "specchat_source.json"
 

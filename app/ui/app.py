@@ -1,8 +1,7 @@
-"""Starting the desktop app (qasync drives Qt and asyncio on one loop) and the
-offscreen screenshot mode."""
+"""Starting the desktop app (Qt's loop, which drives the window's asyncio loop through qasync:
+ui/event_loop.py) and the offscreen screenshot mode."""
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -65,11 +64,10 @@ def run_gui() -> int:
         print(problem, file=sys.stderr)
         return 1
 
-    import qasync
     from PySide6.QtWidgets import QMessageBox
 
     from ..chat.store import ChatStore, StoreError, default_path
-    from ..engine.cache import cache_root
+    from ..engine.api import cache_root
     from .main_window import MainWindow
     from .single_instance import SingleInstance
 
@@ -86,16 +84,11 @@ def run_gui() -> int:
         print(f"error: {error}", file=sys.stderr)
         QMessageBox.critical(None, "SpecChat cannot start", str(error))
         return 1
-    loop = qasync.QEventLoop(app)
-    asyncio.set_event_loop(loop)
-    closed = asyncio.Event()
-    app.aboutToQuit.connect(closed.set)
-    window = MainWindow(store, saved_caches=cache_root() / "saved-caches")
+    window = MainWindow(store, saved_caches=cache_root() / "saved-caches")  # its work runs on Qt's loop (qasync)
     instance.serve(window)
     close_on_signals(window)
     window.show()
-    with loop:
-        loop.run_until_complete(closed.wait())
+    app.exec()
     window.store.close()
     leave_work_behind(window.settings)
     return 0
@@ -107,7 +100,9 @@ def run_screenshot(path: Path, prompt: str, dark: bool = False) -> int:
     from PySide6.QtCore import QSettings, QTimer
 
     from ..chat.store import ChatStore
-    from .main_window import DEFAULT_SIZE, LAYOUT_KEYS, MainWindow
+    from .main_window import MainWindow
+    from .settings import LAYOUT_KEYS
+    from .window_layout import DEFAULT_SIZE
 
     app = _application()
     workdir = Path(tempfile.mkdtemp(prefix="specchat-shot-"))
@@ -137,7 +132,6 @@ def run_screenshot(path: Path, prompt: str, dark: bool = False) -> int:
 
     window.models_ready.connect(lambda: window.send(prompt))
     window.answer_finished.connect(lambda: QTimer.singleShot(200, save))
-    window.loader.failed.connect(lambda _: QTimer.singleShot(0, failed))
-    window.loader.loaded.connect(lambda result: result.error is not None and QTimer.singleShot(0, failed))
+    window.controller.load_failed.connect(lambda *_: QTimer.singleShot(0, failed))
     app.exec()
     return outcome["code"]

@@ -8,8 +8,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QDialog, QDialogButtonBox, QHeaderView, QLabel, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout)
 
-from ..engine import default_models, prepared
-from ..engine.choices import Precision
+from ..engine.api import (DEFAULT_MODELS, Precision, PreparedCopy, age_in_words, delete_prepared_copy, float_model,
+                          prepared_copies, prepared_folder)
 from .controls import PRECISION_LABELS
 
 COLUMNS = ["Model", "Precision", "Size", "Last used", "Made from"]
@@ -25,7 +25,7 @@ class PreparedModelsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Prepared models on disk")
         self.in_use = in_use
-        self.copies: list[prepared.PreparedCopy] = []
+        self.copies: list[PreparedCopy] = []
         layout = QVBoxLayout(self)
         explanation = QLabel("A model's first start prepares a copy of it here, so that later starts take seconds. "
                              "A deleted copy is prepared again the next time its model is chosen; a copy whose file "
@@ -54,12 +54,12 @@ class PreparedModelsDialog(QDialog):
         self.refresh()
 
     def refresh(self, problem: str = "") -> None:
-        self.copies = prepared.copies()
+        self.copies = prepared_copies()
         self.table.setRowCount(len(self.copies))
         for row, copy in enumerate(self.copies):
             used = copy.source is not None and (copy.source, copy.precision) in self.in_use
             cells = [model_name(copy) + ("  (in use)" if used else ""), precision_label(copy),
-                     gigabytes(copy.size), prepared.age_in_words(copy.last_used), made_from(copy)]
+                     gigabytes(copy.size), age_in_words(copy.last_used), made_from(copy)]
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(str(copy.path))
@@ -71,10 +71,10 @@ class PreparedModelsDialog(QDialog):
         total = sum(copy.size for copy in self.copies)
         self.summary.setText((problem + "\n" if problem else "") +
                              f"{len(self.copies)} {'copy' if len(self.copies) == 1 else 'copies'}, {gigabytes(total)} "
-                             f"in {prepared.folder()}")
+                             f"in {prepared_folder()}")
         self._selection_changed()
 
-    def selected(self) -> list[prepared.PreparedCopy]:
+    def selected(self) -> list[PreparedCopy]:
         return [self.copies[index.row()] for index in self.table.selectionModel().selectedRows()]
 
     def _selection_changed(self) -> None:
@@ -84,31 +84,31 @@ class PreparedModelsDialog(QDialog):
         problems = []
         for copy in self.selected():
             try:
-                prepared.delete(copy)
+                delete_prepared_copy(copy)
             except OSError as error:
                 problems.append(f"Could not delete {copy.path.name}: {error}")
         self.refresh("\n".join(problems))
 
 
-def model_name(copy: prepared.PreparedCopy) -> str:
-    if copy.source in default_models.DEFAULTS:
-        return default_models.DEFAULTS[copy.source].name + " (default)"
+def model_name(copy: PreparedCopy) -> str:
+    if copy.source in DEFAULT_MODELS:
+        return DEFAULT_MODELS[copy.source].name + " (default)"
     return Path(copy.source).name if copy.source else copy.path.name
 
 
-def precision_label(copy: prepared.PreparedCopy) -> str:
+def precision_label(copy: PreparedCopy) -> str:
     try:
         precision = Precision(copy.precision)
     except ValueError:
         return ""
-    float_model = copy.source is not None and prepared.float_model(copy.source)
-    return "8-bit" if float_model and precision is Precision.LOWBIT else PRECISION_LABELS[precision]
+    from_floats = copy.source is not None and float_model(copy.source)
+    return "8-bit" if from_floats and precision is Precision.LOWBIT else PRECISION_LABELS[precision]
 
 
-def made_from(copy: prepared.PreparedCopy) -> str:
+def made_from(copy: PreparedCopy) -> str:
     if copy.source is None:
         return "a GGUF file assembled from the installed parts" if copy.path.suffix == ".gguf" else \
             "unknown (prepared by an earlier version)"
-    if copy.source in default_models.DEFAULTS:
+    if copy.source in DEFAULT_MODELS:
         return "the installed parts"
     return copy.source + ("  (file not found)" if copy.source_missing else "")

@@ -24,7 +24,7 @@ from pygments.token import Generic
 from pygments.util import ClassNotFound
 
 from ..chat.conversation import AnswerStats, Comparison, Message, TokenRecord
-from ..engine.steps import FinishReason, Source
+from ..engine.api import FinishReason, Source
 from .math_text import math_text
 from .theme import Theme
 

@@ -13,7 +13,7 @@ from filelock import FileLock, Timeout
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 from PySide6.QtWidgets import QWidget
 
-from ..engine.files import private_folder
+from ..engine.api import private_folder
 
 
 class SingleInstance:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.steps import Source
+from ..engine.api import Source
 
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 

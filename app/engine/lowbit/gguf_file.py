@@ -7,7 +7,7 @@ file again for the config. `parse(path)` reads arrays in one loop each, into the
 a plain array view of the file; `shared_reader(path)` parses it once and lends that reader to every
 `gguf.GGUFReader(path)` made inside the block (transformers imports the class from the gguf
 package when it reads a config).
-Model loading runs one load at a time (model_cache.py), so the swaps are never seen by another
+Model loading runs one load at a time (model_pool.py), so the swaps are never seen by another
 load.
 """
 from __future__ import annotations

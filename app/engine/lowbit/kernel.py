@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..cache import cache_root
+from ..files import cache_root
 from ..files import private_folder, private_temporary_folder, write_text
 from .cpu import ISAS, cpu_field, cpu_flags, machine_isa
 from .packing import PackedWeight, dequantize, reference_linear

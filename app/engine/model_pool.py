@@ -6,7 +6,7 @@ request has a ticket: a request superseded by a newer one returns None instead o
 so an older load that finishes last can never replace the newer choice.
 
 torch and transformers are imported by the first load, on its thread: the window that holds a
-ModelCache opens without waiting for them.
+ModelPool opens without waiting for them.
 
 While a pair loads, a marker file names it. A load that ends the process (a crash in native code,
 the system's out-of-memory killer) leaves the marker behind, so that the next start can say which
@@ -21,8 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..options import LoadOptions
-from .choices import Precision
+from .choices import LoadOptions, Precision
 from .files import write_text
 
 if TYPE_CHECKING:
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
 Report = Callable[[str, float | None], None]
 
 
-class ModelCache:
+class ModelPool:
     def __init__(self, load=None, saved_caches: Path | None = None, load_marker: Path | None = None) -> None:
         """load: models.load_model's signature (its default); saved_caches: where the engines keep
         copies of their caches between runs (none: not kept); load_marker: the file that names the

@@ -3,40 +3,10 @@ entry point starts from the same defaults (`GenerationOptions()` and `LoadOption
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
-from .engine.choices import (CACHE_TYPES, COMMON_TOKENS, DEFAULT_CACHE, GenerationOptions, Precision, ProposerKind,
-                             SamplingParams, default_draft_precision)
-
-if TYPE_CHECKING:
-    import torch
-
-DEFAULTS = GenerationOptions()
-# The chats' defaults (the window's and the terminal's) add a repeat penalty of 1.1, LM Studio's and
-# Ollama's default: greedy decoding of the small default models otherwise often ends in a line
-# repeated to the token limit. The benchmarks decode without one, as llama.cpp's own tools do.
-CHAT_DEFAULTS = replace(DEFAULTS, sampling=replace(DEFAULTS.sampling, repeat_penalty=1.1))
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    target: str = "default-target"
-    draft: str = "default-draft"
-    precision: Precision = Precision.LOWBIT  # the target runs from the GGUF's own low-bit blocks
-    # a cheaper draft never changes the answer; 3-bit feed-forward layers where the kernel gains from them
-    draft_precision: Precision = field(default_factory=default_draft_precision)
-    draft_vocabulary: int = COMMON_TOKENS  # speed only, too: the draft proposes common tokens and the conversation's
-    kv_cache: str = DEFAULT_CACHE  # the low-bit models' cache: float16, as llama.cpp's; float32 rounds as the reference
-
-    @property
-    def kv_cache_dtype(self) -> torch.dtype:
-        from .engine.lean_decoder import CACHE_DTYPES  # the engine's import waits for the models' load
-
-        return CACHE_DTYPES[self.kv_cache]
-
-
-LOAD_DEFAULTS = LoadOptions()
+from .choices import (CACHE_TYPES, DEFAULTS, LOAD_DEFAULTS, GenerationOptions, LoadOptions, Precision,
+                      ProposerKind, SamplingParams)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""`bench ui`: what streaming costs the window's thread. A 4000-token answer (prose, lists and
+"""`python -m app bench ui`: what streaming costs the window's thread. A 4000-token answer (prose, lists and
 code blocks) streams into a chat that already holds 50 messages; each update is timed as the
 window runs it (acceptance view plus chat view), and the milliseconds per update are reported
 near the start and near the end of the answer. No model is needed: the tokens are text pieces
@@ -47,10 +47,10 @@ def run_ui(args: argparse.Namespace) -> dict:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtWidgets import QApplication
 
-    from ..ui.acceptance_view import AcceptanceView
-    from ..ui.chat_view import ChatView
-    from ..ui.render import RenderOptions
-    from ..ui.theme import LIGHT
+    from .acceptance_view import AcceptanceView
+    from .chat_view import ChatView
+    from .render import RenderOptions
+    from .theme import LIGHT
 
     app = QApplication.instance() or QApplication([])
     view, acceptance = ChatView(RenderOptions(LIGHT)), AcceptanceView()

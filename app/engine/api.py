@@ -1,0 +1,63 @@
+"""The engine as the layers above see it: the chat controller, the window, the server, the
+terminal chat and the benchmarks ask their questions through these names.
+
+Importing it imports neither torch nor transformers (seconds on a laptop): the window opens first,
+and the heavy modules are imported by the models' load, on its thread (`ModelPool.engine`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .background import in_thread, steps_of
+from .choices import (CACHE_TYPES, CHAT_DEFAULTS, COMMON_TOKENS, DEFAULTS, LOAD_DEFAULTS, GenerationOptions,
+                      LoadOptions, Precision, ProposerKind, SamplingParams)
+from .default_models import DEFAULTS as DEFAULT_MODELS
+from .errors import EngineBusyError, IncompatibleModelsError, ModelError, PromptTooLongError, in_one_line
+from .files import cache_root, private_folder
+from .model_pool import ModelPool
+from .prepared import PreparedCopy, age_in_words, float_model, noted_precision, noted_source
+from .prepared import copies as prepared_copies, delete as delete_prepared_copy, folder as prepared_folder
+from .steps import EmittedToken, FinishReason, Source, Stats, Step
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from .engine import SpeculativeEngine
+    from .models import LoadedModel
+
+__all__ = [
+    "CACHE_TYPES", "CHAT_DEFAULTS", "COMMON_TOKENS", "DEFAULTS", "DEFAULT_MODELS", "LOAD_DEFAULTS", "EmittedToken",
+    "EngineBusyError", "FinishReason", "GenerationOptions", "IncompatibleModelsError", "LoadOptions", "LoadedModel",
+    "ModelError", "ModelPool", "Precision", "PreparedCopy", "PromptTooLongError", "ProposerKind", "SamplingParams",
+    "Source", "SpeculativeEngine", "Stats", "Step", "age_in_words", "cache_root", "delete_prepared_copy",
+    "float_model", "in_one_line", "in_thread", "load_tokenizer", "noted_precision", "noted_source",
+    "prepared_copies", "prepared_folder", "private_folder", "steps_of", "vocabulary_mismatch",
+]
+
+
+def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
+    """A model's tokenizer alone (no weights); ModelError when it cannot be read."""
+    from .models import load_tokenizer as load
+
+    return load(source)
+
+
+def vocabulary_mismatch(draft: PreTrainedTokenizerBase, target: PreTrainedTokenizerBase, draft_name: str,
+                        target_name: str) -> str | None:
+    """Why a draft with this tokenizer cannot draft for that target (None: it can)."""
+    from .models import vocabulary_mismatch as mismatch
+
+    return mismatch(draft, target, draft_name, target_name)
+
+
+def __getattr__(name: str):
+    """SpeculativeEngine and LoadedModel on first use (they import torch)."""
+    if name == "SpeculativeEngine":
+        from .engine import SpeculativeEngine
+
+        return SpeculativeEngine
+    if name == "LoadedModel":
+        from .models import LoadedModel
+
+        return LoadedModel
+    raise AttributeError(name)

@@ -1,0 +1,66 @@
+"""The engine's blocking work (a load, an answer, a read-ahead) on threads of its own, awaited from
+an asyncio loop: the window's (qasync, the Qt loop itself) or a server's. Each thread is named
+`specchat-...`, so an exit that finds one still running can tell (ui/app.leave_work_behind)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
+
+Result = TypeVar("Result")
+_DONE = object()
+
+
+def in_thread(name: str, work: Callable[[], Result]) -> asyncio.Future[Result]:
+    """work() on a new thread; its result (or exception) resolves the future on the running loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Result] = loop.create_future()
+
+    def settle(outcome, failed: bool) -> None:
+        if not future.done():  # cancelled meanwhile: nobody waits for it any more
+            future.set_exception(outcome) if failed else future.set_result(outcome)
+
+    def run() -> None:
+        try:
+            outcome, failed = work(), False
+        except BaseException as error:  # handed to whoever awaits
+            outcome, failed = error, True
+        call_soon(loop, settle, outcome, failed)
+
+    threading.Thread(target=run, name=f"specchat-{name}", daemon=True).start()
+    return future
+
+
+async def steps_of(name: str, steps: Callable[[], Iterator], cancel: threading.Event) -> AsyncIterator:
+    """The items of the iterator steps() makes, computed on a thread of its own and handed to the
+    running loop as they come (an error of the iterator is raised here). A consumer that leaves
+    early (a closed window, a cancelled task) sets `cancel`; the iterator stops at its next check."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def run() -> None:
+        try:
+            for item in steps():
+                call_soon(loop, queue.put_nowait, item)
+            call_soon(loop, queue.put_nowait, _DONE)
+        except BaseException as error:
+            call_soon(loop, queue.put_nowait, error)
+
+    thread = threading.Thread(target=run, name=f"specchat-{name}", daemon=True)
+    thread.start()
+    try:
+        while (item := await queue.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        cancel.set()  # a no-op after the end; else the thread stops within one step
+
+
+def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable, *args) -> None:
+    """callback(*args) on `loop`'s thread; nothing when the loop has closed (the app is exiting)."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass

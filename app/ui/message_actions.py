@@ -1,0 +1,123 @@
+"""What the user does to the messages already in the chat: the links under each (copy, copy a
+code block, edit, regenerate, continue, flip versions, answer), their menu shortcuts, and the files
+inserted into the message box."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtWidgets import QApplication, QFileDialog
+
+from ..chat.attachments import AttachmentError, file_block
+from .render import code_blocks, without_thinking
+
+if TYPE_CHECKING:
+    from .main_window import MainWindow
+
+
+class MessageActions:
+    def __init__(self, window: MainWindow) -> None:
+        self.window = window
+        self.editing: int | None = None  # index of the user message being edited in the composer
+
+    @property
+    def messages(self):
+        return self.window.controller.conversation.messages
+
+    def on_message_action(self, action: str, index: int, extra: int) -> None:
+        """A link in the chat view: copy, copycode, edit, regenerate, continue, version, answer."""
+        if index >= len(self.messages):
+            return
+        message, window = self.messages[index], self.window
+        if action == "copy" and message.role == "assistant":
+            self.copy_answer(message.content)
+        elif action == "copy":
+            self.copy_text(message.content, "message")
+        elif action == "copycode":
+            blocks = code_blocks(message.content)
+            if extra < len(blocks):
+                self.copy_text(blocks[extra], "code block")
+        elif action == "edit":
+            self.edit_message(index)
+        elif action == "version" and not window.controller.session.busy:
+            self.show_version(index, extra)
+        elif action in ("regenerate", "continue", "answer"):
+            {"regenerate": window.regenerate, "continue": window.continue_answer, "answer": window.answer_pending}[action]()
+
+    def edit_message(self, index: int) -> None:
+        if self.window.controller.session.busy or self.messages[index].role != "user":
+            return
+        self.editing = index
+        self.window.composer.setPlainText(self.messages[index].content)
+        self.window.composer.setFocus()
+        self.window.edit_banner.show()
+
+    def edit_last(self) -> None:
+        users = [i for i, m in enumerate(self.messages) if m.role == "user"]
+        if users:
+            self.edit_message(users[-1])
+
+    def cancel_edit(self) -> None:
+        if self.editing is not None:
+            self.editing = None
+            self.window.composer.clear()
+            self.window.edit_banner.hide()
+
+    def take_edit(self) -> int | None:
+        """The message being edited, which the message sent now replaces (the edit ends)."""
+        editing, self.editing = self.editing, None
+        self.window.edit_banner.hide()
+        return editing
+
+    def flip_version(self, step: int) -> None:
+        if self.messages and self.messages[-1].versions:
+            self.show_version(len(self.messages) - 1, self.messages[-1].shown + step)
+
+    def show_version(self, index: int, version: int) -> None:
+        window = self.window
+        window.controller.show_version(index, version)
+        window.chat_view.show_messages(self.messages)
+        window.acceptance.show_stats(self.messages[index].stats)
+        window.set_busy(window.controller.session.busy)  # the version shown may or may not be one to continue
+
+    def copy_last_answer(self) -> None:
+        answer = self.window.controller.session.last_answer()
+        if answer is not None:
+            self.copy_answer(answer.content)
+
+    def copy_answer(self, content: str) -> None:
+        """An answer without a reasoning model's thinking, as the reader wants it elsewhere."""
+        answer = without_thinking(content)
+        self.copy_text(answer, "answer" if answer == content else "answer (its thinking left out)")
+
+    def copy_last_code(self) -> None:
+        answers = [m for m in self.messages if m.role == "assistant" and code_blocks(m.content)]
+        if answers:
+            self.copy_text(code_blocks(answers[-1].content)[-1], "code block")
+
+    def copy_text(self, text: str, what: str) -> None:
+        QApplication.clipboard().setText(text)
+        self.window.statusBar().showMessage(f"Copied the {what} ({len(text):,} characters)", 3000)
+
+    def choose_files(self) -> None:
+        names, _ = QFileDialog.getOpenFileNames(self.window, "Insert text files into the message")
+        self.insert_files([Path(name) for name in names])
+
+    def insert_files(self, paths: list[Path]) -> None:
+        """Each text file as a code block named after it, at the cursor; a file that is not
+        text (or too big, or unreadable) is named in the status bar and nothing of it goes in."""
+        refused = []
+        composer = self.window.composer
+        for path in paths:
+            try:
+                block = file_block(path)
+            except AttachmentError as error:
+                refused.append(str(error))
+                continue
+            cursor = composer.textCursor()
+            if cursor.positionInBlock() > 0:
+                cursor.insertText("\n")
+            cursor.insertText(block)
+        composer.setFocus()
+        if refused:
+            self.window.statusBar().showMessage("; ".join(refused), 10000)

@@ -1,0 +1,115 @@
+"""The window's side of the models: a load for every change of the Models tab, its progress
+dialog, what a loaded or failed pair says, models added to the pickers, the prepared copies on
+disk, and the memory line."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QProgressDialog
+
+from ..chat.controller import ModelsReady
+from ..engine.api import LoadOptions
+from .model_dialog import AddModelDialog
+from .prepared_dialog import PreparedModelsDialog
+
+if TYPE_CHECKING:
+    from .main_window import MainWindow
+
+
+class ModelLoading:
+    def __init__(self, window: MainWindow) -> None:
+        self.window = window
+        self.progress: QProgressDialog | None = None
+        controller, controls = window.controller, window.controls
+        controls.models_changed.connect(self.load)
+        controls.add_model_requested.connect(self.add_model)
+        controller.load_progress.connect(self._on_progress)
+        controller.models_ready.connect(self._on_ready)
+        controller.load_failed.connect(self._on_failed)
+        controller.source_refused.connect(
+            lambda source, reason, unreadable: (controls.mark_unreadable if unreadable else
+                                                controls.mark_draft_incompatible)(source, reason))
+
+    def load(self) -> None:
+        window = self.window
+        chosen = window.controls.load_options()
+        window.controller.load(chosen)
+        window.set_busy(window.controller.session.busy)
+        window.statusBar().showMessage(f"Loading models: {chosen.target} + {chosen.draft}...")
+        if self.progress is None:
+            self.progress = QProgressDialog("Preparing models...", None, 0, 0, window)
+            self.progress.setWindowTitle("SpecChat: preparing models")
+            self.progress.setWindowModality(Qt.NonModal)
+            self.progress.setMinimumDuration(800)
+
+    def _on_progress(self, stage: str, fraction: float | None) -> None:
+        if self.progress is not None:
+            self.progress.setLabelText(stage)
+            self.progress.setMaximum(0 if fraction is None else 100)
+            self.progress.setValue(0 if fraction is None else int(fraction * 100))
+            self.window.statusBar().showMessage(stage)
+
+    def _done(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+        self.window.set_busy(self.window.controller.session.busy)
+
+    def _on_failed(self, message: str, retrying: LoadOptions | None) -> None:
+        self._done()
+        self.window.statusBar().showMessage("Models not loaded")
+        if retrying is not None:
+            self.window.controls.show_load_options(retrying)
+            self.load()
+        self.window.models_failed(message)
+
+    def _on_ready(self, ready: ModelsReady) -> None:
+        self._done()
+        window, controls = self.window, self.window.controls
+        controls.device.setText(ready.device)
+        if ready.new_target:
+            controls.clear_draft_marks()  # they said which drafts the last target's vocabulary refused
+        controls.thinking.setEnabled(ready.thinking_switchable)
+        self.show_memory()
+        with_draft = f"with draft {ready.draft}" if ready.draft else "no draft model (prompt lookup)"
+        window.statusBar().showMessage(f"Ready: {ready.target}, {with_draft}", 5000)
+        if ready.draft_refused:  # a target of another family than the draft: it runs alone
+            controls.mark_draft_incompatible(ready.chosen.draft, ready.draft_refused)
+            window.show_error("The draft cannot draft for this target",
+                              f"{ready.draft_refused.rstrip('.')}. Meanwhile {ready.target} runs alone, speculating "
+                              "by prompt lookup (copying from the conversation).")
+        window.models_loaded()
+
+    def add_model(self) -> None:
+        settings = self.window.settings
+        dialog = AddModelDialog(self.window, settings.value("model_folder", "", str))
+        if dialog.exec() != AddModelDialog.Accepted:
+            return
+        source = dialog.chosen()
+        if Path(source).expanduser().exists():
+            settings.setValue("model_folder", str(Path(source).expanduser().resolve().parent))
+        self.add_model_source(source)
+
+    def add_model_source(self, source: str) -> None:
+        """Adds a model to both pickers; the controller flags it as a draft when its vocabulary
+        differs from the target's, and in both when its tokenizer cannot be read."""
+        self.window.controls.add_source(Path(source).name or source, source)
+        extra = self.window.settings.value("extra_models", [], list) or []
+        if source not in extra:
+            self.window.settings.setValue("extra_models", [*extra, source])
+        self.window.controller.check_source(source)
+
+    def show_prepared_models(self) -> PreparedModelsDialog:
+        """The copies models' first starts wrote, with Delete for those neither loaded nor loading now
+        (modal in use; returned shown for tests)."""
+        in_use = self.window.controller.models_in_use(self.window.controls.load_options())
+        dialog = PreparedModelsDialog(self.window, in_use)
+        dialog.open()
+        return dialog
+
+    def show_memory(self) -> None:
+        memory = self.window.controller.memory()
+        if memory is not None:
+            self.window.acceptance.show_memory(*memory)

@@ -1,0 +1,72 @@
+"""The window's settings, saved at exit and restored at start from one table: each row a key, its
+type, how to read it from the window and how to put it back. A key never saved leaves the
+widget's own value, which is the shared default."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QByteArray, QSettings
+
+from ..engine.api import ProposerKind
+from .controls import select_quietly
+
+if TYPE_CHECKING:
+    from .main_window import MainWindow
+
+WINDOW_GEOMETRY = "geometry"
+SPLITTER_KEYS = ("columns", "right_column")
+LAYOUT_KEYS = (WINDOW_GEOMETRY, *SPLITTER_KEYS)  # the settings that place the window
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    kind: type
+    read: Callable[[], object]
+    write: Callable[[object], None]
+
+
+def window_settings(window: MainWindow) -> list[Setting]:
+    c = window.controls
+
+    def checkbox(key, box):
+        return Setting(key, bool, box.isChecked, box.setChecked)
+
+    def spin(key, box, kind):
+        return Setting(key, kind, box.value, box.setValue)
+
+    return [
+        # the model pickers first and quietly: one model load after all of them, not one per picker
+        *(Setting(key, str, combo.currentData, lambda value, combo=combo: select_quietly(combo, value))
+          for combo, key in c.load_pickers()),
+        checkbox("speculative", c.speculative), spin("k", c.k, int), checkbox("adaptive", c.adaptive),
+        checkbox("lookup", c.lookup),
+        Setting("proposer", str, lambda: ProposerKind(c.proposer.currentData()).value,
+                lambda value: c.proposer.setCurrentIndex(max(c.proposer.findData(ProposerKind(value)), 0))),
+        spin("temperature", c.temperature, float), spin("top_k", c.top_k, int), spin("top_p", c.top_p, float),
+        spin("min_p", c.min_p, float), spin("repeat_penalty", c.repeat_penalty, float),
+        spin("max_new_tokens", c.max_new_tokens, int), spin("seed", c.seed, int), checkbox("thinking", c.thinking),
+        checkbox("colouring", window.colouring), checkbox("ghosts", window.ghosts),
+        Setting("theme", str, lambda: window.theme.name, lambda value: window.dark_action.setChecked(value == "dark")),
+        checkbox("read_ahead", window.read_ahead_action),
+        Setting("text_size", int, lambda: window.text_size, window.set_text_size),
+        Setting(WINDOW_GEOMETRY, QByteArray, window.saveGeometry, window.restoreGeometry),
+        *(Setting(key, QByteArray, splitter.saveState, splitter.restoreState)
+          for key, splitter in window.splitters.items()),
+    ]
+
+
+def restore(settings: QSettings, table: list[Setting]) -> None:
+    for setting in table:
+        if settings.contains(setting.key):
+            value = settings.value(setting.key) if setting.kind is QByteArray else \
+                settings.value(setting.key, setting.read(), setting.kind)
+            setting.write(value)
+
+
+def save(settings: QSettings, table: list[Setting]) -> None:
+    for setting in table:
+        settings.setValue(setting.key, setting.read())
+    settings.sync()
