@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from app.engine.engine import GenerationOptions, ProposerKind, SpeculativeEngine
-from app.engine.policy import CostAwareK, CostModel
+from app.engine.policy import CostAwareK, CostModel, StepOutcome
 from app.engine.sampling import SamplingParams
 from app.engine.steps import FinishReason, Source
 from tests.helpers import all_steps, generated_ids
@@ -106,7 +106,7 @@ def drafted(policy, confidences) -> int:
 def test_cost_aware_policy_drafts_long_when_the_draft_is_sure_and_verification_is_cheap():
     policy = CostAwareK(costs(CHEAP_VERIFY, draft_ms=5))
     for _ in range(10):
-        policy.update(n_drafted=8, n_accepted=8, draft_seconds=0.04, target_seconds=0.06)
+        policy.observe(StepOutcome(drafted=8, accepted=8, draft_seconds=0.04, target_seconds=0.06))
     assert policy.k >= 8 and drafted(policy, [0.99] * 16) >= 8
 
 
@@ -128,10 +128,10 @@ def test_cost_aware_policy_drafts_less_where_verifying_a_token_more_costs_more()
 def test_cost_aware_policy_falls_back_to_plain_steps_and_probes():
     policy = CostAwareK(costs({1: 50, 9: 110, 17: 180}, draft_ms=15))
     for _ in range(5):  # the draft keeps missing its first token
-        policy.update(n_drafted=2, n_accepted=0, draft_seconds=0.03, target_seconds=0.06)
+        policy.observe(StepOutcome(drafted=2, accepted=0, draft_seconds=0.03, target_seconds=0.06))
     assert policy.k == 0
     for _ in range(policy.probe_every):
-        policy.update(n_drafted=0, n_accepted=0, target_seconds=0.05)
+        policy.observe(StepOutcome(drafted=0, accepted=0, target_seconds=0.05))
     assert policy.k > 0  # a probe after a run of plain steps
 
 
@@ -140,8 +140,8 @@ def test_cost_aware_policy_learns_from_what_was_offered():
     stopped_itself = CostAwareK(costs(CHEAP_VERIFY, draft_ms=5))
     rejected = CostAwareK(costs(CHEAP_VERIFY, draft_ms=5))
     for _ in range(5):
-        stopped_itself.update(n_drafted=2, n_accepted=2, draft_seconds=0.01, target_seconds=0.052)
-        rejected.update(n_drafted=3, n_accepted=2, draft_seconds=0.015, target_seconds=0.053)
+        stopped_itself.observe(StepOutcome(drafted=2, accepted=2, draft_seconds=0.01, target_seconds=0.052))
+        rejected.observe(StepOutcome(drafted=3, accepted=2, draft_seconds=0.015, target_seconds=0.053))
     assert stopped_itself.acceptance > rejected.acceptance
 
 
@@ -318,9 +318,9 @@ def test_a_probe_is_not_worth_a_long_catch_up():
     policy = CostAwareK(costs({1: 50, 9: 110, 17: 180}, draft_ms=15))
     policy.costs.catch_up_token = 0.002
     for _ in range(5):
-        policy.update(n_drafted=2, n_accepted=0, draft_seconds=0.03, target_seconds=0.06)
+        policy.observe(StepOutcome(drafted=2, accepted=0, draft_seconds=0.03, target_seconds=0.06))
     for _ in range(policy.probe_every):
-        policy.update(n_drafted=0, n_accepted=0, target_seconds=0.05)
+        policy.observe(StepOutcome(drafted=0, accepted=0, target_seconds=0.05))
     assert policy.k > 0  # it wants to probe
     assert policy.next_k(remaining=400, catch_up=policy.probe_every) == policy.k  # 16 ms after a run of plain steps
     assert policy.next_k(remaining=400, catch_up=100, generated=400) == policy.k  # 0.2 s of 20 s to come: worth a look
@@ -350,8 +350,8 @@ def test_cost_aware_policy_now_and_then_drafts_on_past_where_the_rule_stops():
     lengths = []
     for _ in range(12):
         lengths.append(drafted(policy, [0.99] * 16))
-        policy.update(n_drafted=lengths[-1], n_accepted=lengths[-1], draft_seconds=0.01 * lengths[-1],
-                      target_seconds=policy.costs.verify_seconds(lengths[-1] + 1))
+        policy.observe(StepOutcome(drafted=lengths[-1], accepted=lengths[-1], draft_seconds=0.01 * lengths[-1],
+                      target_seconds=policy.costs.verify_seconds(lengths[-1] + 1)))
     assert lengths.count(1) == 9 and all(n > 1 for n in lengths[3::4])  # steps 4, 8 and 12 go on
 
 

@@ -5,7 +5,7 @@ import torch
 from app.engine.cached_model import cached
 from app.engine.engine import SpeculativeEngine
 from app.engine.loop import Limits, speculative_generate
-from app.engine.policy import CostAwareK, CostModel, FixedK
+from app.engine.policy import CostAwareK, CostModel, FixedK, StepOutcome
 from app.engine.proposers import DraftModelProposer, NgramIndex, PromptLookupProposer, continuation
 from app.engine.sampling import SamplingParams
 from app.engine.steps import Source, Stats
@@ -99,9 +99,8 @@ def test_lookup_gives_target_output(tiny_target, tiny_draft, draft_name, k):
 
 
 class RecordingK(FixedK):
-    def update(self, n_drafted, n_accepted, draft_seconds=0.0, target_seconds=0.0, catch_up_tokens=0,
-               catch_up_seconds=0.0, n_verified=None):
-        self.seen.append((n_drafted, n_accepted, n_verified))
+    def observe(self, outcome):
+        self.seen.append((outcome.drafted, outcome.accepted, outcome.verified))
 
 
 def test_the_policy_learns_only_from_the_draft_models_tokens(tiny_target):
@@ -201,7 +200,7 @@ def test_the_policy_learns_from_copies_whether_taken_or_passed_over():
 def test_the_policy_copies_where_copies_pay():
     policy = copy_policy()
     for _ in range(20):  # a draft whose fourth token the target rejects: acceptance 0.75
-        policy.update(n_drafted=4, n_accepted=3, draft_seconds=0.02, target_seconds=0.055)
+        policy.observe(StepOutcome(drafted=4, accepted=3, draft_seconds=0.02, target_seconds=0.055))
     for _ in range(20):  # copies whose second token it rejects: less often right than the draft
         policy.observe_copies([5, 6, 7], 0, [5, 9, 7])
     assert policy.k > 0 and not policy.use_copies(policy.k, 3)

@@ -44,7 +44,7 @@ def test_an_answer_joins_the_chat_with_typed_stats(tmp_path, engine):
     message = run(session, engine, request)
     assert not session.busy
     stats = message.stats
-    assert stats.tokens == 20 and stats.finish is FinishReason.LENGTH
+    assert stats.emitted == 20 and stats.finish is FinishReason.LENGTH
     assert 0 < stats.first_token_seconds <= stats.seconds
     assert stats.context_used == len(request.prompt_ids) + 20 and stats.context_length == 256
     assert len(stats.token_ids) == 20 and stats.drafted > 0
@@ -181,7 +181,7 @@ def test_regenerate_and_edit_keep_the_store_consistent(tmp_path, engine):
     run(session, engine, session.ask("t2", engine, options(max_new_tokens=6)))
     run(session, engine, session.regenerate(engine, options(max_new_tokens=9)))
     last = session.conversation.messages[-1]
-    assert [v.stats.tokens for v in last.versions] == [6, 9] and last.shown == 1
+    assert [v.stats.emitted for v in last.versions] == [6, 9] and last.shown == 1
     run(session, engine, session.compare(engine, options()))
     session.show_version(3, 0)
     session.show_version(3, 1)  # the comparison belongs to version 2 and stays with it
@@ -245,7 +245,7 @@ def test_continue_grows_an_answer_into_the_one_a_larger_budget_gives(tmp_path, e
         assert grown is start and [m.role for m in session.conversation.messages] == ["user", "assistant"]
         assert grown.stats.token_ids == expected.stats.token_ids and grown.content == expected.content
         stats = grown.stats
-        assert stats.tokens == 30 and stats.finish is FinishReason.LENGTH and len(grown.tokens) == len(expected.tokens)
+        assert stats.emitted == 30 and stats.finish is FinishReason.LENGTH and len(grown.tokens) == len(expected.tokens)
         assert (stats.first_token_seconds, stats.prompt_tokens, stats.cached_prompt_tokens) == \
             (first.first_token_seconds, first.prompt_tokens, first.cached_prompt_tokens)
         assert stats.seconds > first.seconds and stats.target_passes > first.target_passes
@@ -268,7 +268,7 @@ def test_a_stopped_answer_continues_and_only_a_stopped_one(tmp_path, engine):
     stopped = session.finish()
     assert stopped.stats.finish is FinishReason.CANCELLED and len(stopped.versions) == 2
     assert session.can_continue()
-    run(session, engine, session.continue_answer(engine, options(k=2, max_new_tokens=40 - stopped.stats.tokens)))
+    run(session, engine, session.continue_answer(engine, options(k=2, max_new_tokens=40 - stopped.stats.emitted)))
     last = session.conversation.messages[-1]
     assert last.stats.token_ids == whole.token_ids and last.shown == 1
     assert last.versions[1].stats == last.stats and last.versions[0].stats == whole  # the other version untouched
@@ -285,7 +285,7 @@ def test_a_continuation_is_saved_as_it_grows(tmp_path, engine):
     reopened.open_chat(session.conversation.id)
     messages = reopened.conversation.messages
     assert [m.role for m in messages] == ["user", "assistant"] and messages[-1].id == start.id
-    assert messages[-1].stats.finish is FinishReason.INTERRUPTED and messages[-1].stats.tokens > 8
+    assert messages[-1].stats.finish is FinishReason.INTERRUPTED and messages[-1].stats.emitted > 8
     assert messages[-1].stats.token_ids[:8] == start.stats.token_ids[:8] and reopened.can_continue()
 
 
@@ -331,6 +331,6 @@ def test_a_regenerated_answer_is_saved_as_it_grows(tmp_path, engine):
     last = reopened.conversation.messages[-1]
     assert len(last.versions) == 2 and last.shown == 1
     assert last.versions[0].stats.token_ids == first  # the answer it regenerates, untouched
-    assert last.stats.finish is FinishReason.INTERRUPTED and last.stats.tokens > 0
+    assert last.stats.finish is FinishReason.INTERRUPTED and last.stats.emitted > 0
     run(reopened, engine, reopened.regenerate(engine, sampled))  # a whole one adds one version more, not two
     assert len(reopened.conversation.messages[-1].versions) == 3

@@ -16,7 +16,7 @@ from app.chat.store import ChatStore, StoreError
 def answer(text="Hello world", stats=None):
     tokens = [TokenRecord("Hello", "accepted", 0.9, None, copied=True),
               TokenRecord(" world", "corrected", 0.7, 0.1, replaced=" there")]
-    return Message("assistant", text, tokens, stats or AnswerStats(mode="speculative", tokens=2, seconds=0.5,
+    return Message("assistant", text, tokens, stats or AnswerStats(mode="speculative", emitted=2, seconds=0.5,
                                                                     drafted=2, accepted=1, target_passes=1, looked_up=1))
 
 
@@ -57,7 +57,7 @@ WRITER = textwrap.dedent("""
     chat = Conversation(title="stress")
     tokens = [TokenRecord("x" * 50, "accepted", 0.5, 0.5)] * 400
     for i in range(100000):
-        store.add_message(chat, Message("assistant", f"message {i}", tokens, AnswerStats(tokens=i)))
+        store.add_message(chat, Message("assistant", f"message {i}", tokens, AnswerStats(emitted=i)))
         print(i, flush=True)
 """)
 
@@ -79,7 +79,7 @@ def test_store_survives_a_kill_mid_write(tmp_path):
     messages = store.load_chat(chat_id).messages
     assert len(messages) >= done + 1  # every message reported as saved is there, whole
     assert all(len(m.tokens) == 400 for m in messages)
-    assert [m.stats.tokens for m in messages] == list(range(len(messages)))
+    assert [m.stats.emitted for m in messages] == list(range(len(messages)))
 
 
 def test_full_disk_is_a_clear_error_and_keeps_saved_messages(tmp_path):

@@ -53,15 +53,13 @@ class ModeTotals:
             out["decode_tokens_per_s"] = round(self.tokens / (self.seconds - self.prefill_seconds), 3)
         if self.first_token_seconds:
             out["first_token_seconds"] = round(sum(self.first_token_seconds) / len(self.first_token_seconds), 3)
-        if self.stats and sum(s.drafted for s in self.stats):
-            drafted, accepted = sum(s.drafted for s in self.stats), sum(s.accepted for s in self.stats)
-            out["acceptance_rate"] = round(accepted / drafted, 4)
-            out["mean_accepted_length"] = round(
-                sum(s.emitted for s in self.stats) / sum(s.target_passes for s in self.stats), 3
-            )
-            out["looked_up"] = sum(s.looked_up for s in self.stats)  # of the drafted tokens
-            out["draft_seconds"] = round(sum(s.draft_seconds for s in self.stats), 3)
-            out["target_seconds"] = round(sum(s.target_seconds for s in self.stats), 3)
+        total = sum(self.stats, Stats())
+        if total.drafted:
+            out["acceptance_rate"] = round(total.acceptance_rate, 4)
+            out["mean_accepted_length"] = round(total.mean_accepted_length, 3)
+            out["looked_up"] = total.looked_up  # of the drafted tokens
+            out["draft_seconds"] = round(total.draft_seconds, 3)
+            out["target_seconds"] = round(total.target_seconds, 3)
         return out
 
     @property

@@ -1,11 +1,10 @@
 """Engine steps -> an assistant message: text pieces per token, provenance, stats."""
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..engine.steps import FinishReason, Source, Stats, Step
+from ..engine.api import FinishReason, Source, Stats, Step
 from .conversation import AnswerStats, Message, TokenRecord
 from .detokenize import IncrementalDecoder
 
@@ -21,20 +20,20 @@ class AnswerBuilder:
         self.tokenizer = tokenizer
         self.decoder = IncrementalDecoder(tokenizer)
         self.tokens: list[TokenRecord] = []
-        # What the answer had before this request: nothing, or the stats of the one continued.
-        self.base = AnswerStats()
-        self.stats = AnswerStats(mode=mode, prompt_tokens=prompt_tokens, context_length=context_length,
-                                 made_with=made_with)
+        # What the answer had before this request: nothing, or the totals of the one continued.
+        self.base = Stats()
+        self._answer = dict(mode=mode, prompt_tokens=prompt_tokens, context_length=context_length, made_with=made_with)
         if continues is not None:
             for token_id in continues.stats.token_ids:
                 self.decoder.push(token_id)
             self.tokens = list(continues.tokens)
-            self.base = continues.stats
-            mode = mode if mode == self.base.mode else f"{self.base.mode}, then {mode}"
-            self.stats = replace(self.base, mode=mode, context_length=context_length, made_with=made_with,
-                                 finish=None, comparison=None)
+            self.base = continues.stats.totals()
+            base = continues.stats
+            # a continued answer keeps the prompt it started from
+            self._answer.update(mode=mode if mode == base.mode else f"{base.mode}, then {mode}",
+                                prompt_tokens=base.prompt_tokens)
+        self.stats = AnswerStats.of(self.base, **self._answer)
         self._base_records = len(self.tokens)
-        self.started = time.perf_counter()
         self._pending: list[TokenRecord] = []  # tokens with no text yet, waiting for the next piece
 
     @property
@@ -65,22 +64,7 @@ class AnswerBuilder:
         return new
 
     def _record(self, stats: Stats, finish: FinishReason | None) -> None:
-        seconds = time.perf_counter() - self.started
-        base, old = self.base, self.stats
-        drafted, accepted = base.drafted + stats.drafted, base.accepted + stats.accepted
-        self.stats = replace(
-            old, tokens=base.tokens + stats.emitted, seconds=round(base.seconds + seconds, 3),
-            first_token_seconds=old.first_token_seconds if old.first_token_seconds is not None or not stats.emitted
-            else round(seconds, 3),
-            drafted=drafted, accepted=accepted, looked_up=base.looked_up + stats.looked_up,
-            target_passes=base.target_passes + stats.target_passes,
-            # a continued answer's prompt is the one it started from
-            cached_prompt_tokens=old.cached_prompt_tokens if base.tokens else stats.cached_prompt_tokens,
-            draft_seconds=round(base.draft_seconds + stats.draft_seconds, 3),
-            target_seconds=round(base.target_seconds + stats.target_seconds, 3),
-            accepted_lengths=base.accepted_lengths + stats.accepted_lengths,
-            acceptance_trace=old.acceptance_trace + ((round(accepted / drafted, 4),) if stats.drafted else ()),
-            finish=finish or old.finish)
+        self.stats = AnswerStats.of(self.base + stats, **self._answer, finish=finish or self.stats.finish)
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

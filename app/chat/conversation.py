@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-from ..engine.steps import FinishReason, Source
+from ..engine.api import FinishReason, Source, Stats
 
 
 @dataclass
@@ -49,56 +49,30 @@ class Comparison:
 
 
 @dataclass(frozen=True)
-class AnswerStats:
-    """What one answer cost and how speculation went: shown under the message and in the
-    acceptance view, saved with the message."""
+class AnswerStats(Stats):
+    """An answer's Stats (the engine's totals) with what the chat knows of it: shown under the
+    message and in the acceptance view, saved with the message."""
 
     mode: str = ""  # e.g. "speculative (draft model, adaptive k)" or "plain"
-    tokens: int = 0
-    seconds: float = 0.0  # from the request to the last token
-    first_token_seconds: float | None = None  # time to first token (prefill included)
-    drafted: int = 0
-    accepted: int = 0
-    target_passes: int = 0
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    accepted_lengths: tuple[int, ...] = ()
-    looked_up: int = 0  # drafted tokens copied from earlier text
-    acceptance_trace: tuple[float, ...] = ()  # running acceptance rate after each drafting step
     finish: FinishReason | None = None
     token_ids: tuple[int, ...] = ()
     prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0  # of those, what the cache held from an earlier request
     context_length: int = 0  # the model's window (0: unknown)
     comparison: Comparison | None = None  # set by Compare
     # The generation settings it was made with (session.settings_of, as JSON text: stats are
     # hashable), so that Compare repeats them for this very answer, after a version flip or a
-    # reopen too; empty in older chats.
+    # reopen too; empty in chats saved without them.
     made_with: str = ""
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Tokens per second of drafting and verifying, the prompt's reading left out."""
-        seconds = self.draft_seconds + self.target_seconds
-        return self.tokens / seconds if seconds else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per target pass."""
-        return self.tokens / self.target_passes if self.target_passes else 0.0
+    @classmethod
+    def of(cls, totals: Stats, **answer) -> AnswerStats:
+        """The engine's totals with the answer's own fields."""
+        return cls(**{f.name: getattr(totals, f.name) for f in fields(Stats)}, **answer)
 
     @property
     def context_used(self) -> int:
         """Prompt plus answer tokens: how much of the model's window the chat now fills."""
-        return self.prompt_tokens + self.tokens
+        return self.prompt_tokens + self.emitted
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,9 +80,10 @@ class AnswerStats:
     @classmethod
     def from_dict(cls, data: dict) -> AnswerStats:
         """From a saved message; keys this version does not know are ignored."""
+        data = {"emitted": data.get("tokens", 0), **data}  # an answer's token count was saved as "tokens"
         known = {f.name for f in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
-        for key in ("accepted_lengths", "acceptance_trace", "token_ids"):
+        for key in ("accepted_lengths", "drafted_lengths", "token_ids"):
             values[key] = tuple(values.get(key) or ())
         finish = values.get("finish")
         values["finish"] = FinishReason(finish) if finish in FinishReason._value2member_map_ else None

@@ -14,7 +14,7 @@ def to_markdown(conversation: Conversation) -> str:
         if message.role == "assistant" and stats:
             lines.append("")
             lines.append(
-                f"*{stats.mode}: {stats.tokens} tokens, {stats.tokens_per_s:.2f} tokens/s, acceptance "
+                f"*{stats.mode}: {stats.emitted} tokens, {stats.tokens_per_s:.2f} tokens/s, acceptance "
                 f"{stats.acceptance_rate:.0%}, mean accepted length {stats.mean_accepted_length:.2f}*"
             )
         lines.append("")

@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .cached_model import CachedModel
 from .errors import PromptTooLongError
-from .policy import DraftLengthPolicy
+from .policy import DraftLengthPolicy, StepOutcome
 from .prefix_cache import keep_prefix
 from .proposers import Draft, Proposer
 from .sampling import SamplingParams, logits_to_probs, penalize_repeats
@@ -65,9 +65,10 @@ def speculative_generate(
     # works meanwhile, and each chunk after the first is announced by a step without tokens.
     for first in range(cached, len(tokens) - 1, PROMPT_CHUNK):
         if first > cached:
-            yield Step([], [], Stats(cached_prompt_tokens=cached, prompt_read=first))
+            yield Step([], [], Stats(cached_prompt_tokens=cached, prompt_read=first, seconds=clock.now() - started))
             if cancel is not None and cancel.is_set():
-                yield Step([], [], Stats(cached_prompt_tokens=cached), finish=FinishReason.CANCELLED)
+                yield Step([], [], Stats(cached_prompt_tokens=cached, seconds=clock.now() - started),
+                           finish=FinishReason.CANCELLED)
                 return
         target.feed(torch.tensor(tokens[first : min(first + PROMPT_CHUNK, len(tokens) - 1)]))
     draft_cached = proposer.begin(tokens)
@@ -80,7 +81,7 @@ def speculative_generate(
     n_new = 0
     while n_new < budget:
         if cancel is not None and cancel.is_set():
-            yield Step([], [], stats, finish=FinishReason.CANCELLED)
+            yield Step([], [], replace(stats, seconds=clock.now() - started), finish=FinishReason.CANCELLED)
             return
         # Leave room for the token the target adds, within both limits.
         room = budget - n_new - 1
@@ -100,13 +101,12 @@ def speculative_generate(
 
         target.rollback(len(tokens) + n_accepted)
         proposer.commit(n_accepted, next_token)
-        # The policy prices the proposer's own tokens: those looked up on top cost it nothing.
-        policy.update(draft.own, min(n_accepted, draft.own), draft_seconds - draft.catch_up_seconds,
-                      target_seconds, draft.catch_up_tokens, draft.catch_up_seconds, n_verified=len(draft) + 1)
-
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
         emitted_ids = [token.id for token in emitted]
-        policy.observe_copies(draft.copies, draft.copies_at, emitted_ids)
+        # The policy prices the proposer's own tokens: those looked up on top cost it nothing.
+        policy.observe(StepOutcome(draft.own, min(n_accepted, draft.own), draft_seconds - draft.catch_up_seconds,
+                                   target_seconds, len(draft) + 1, draft.catch_up_tokens, draft.catch_up_seconds,
+                                   tuple(draft.copies), draft.copies_at, tuple(emitted_ids)))
         tokens += emitted_ids
         n_new += len(emitted)
         if finish is None and n_new >= budget:
@@ -117,7 +117,7 @@ def speculative_generate(
             prompt_share = draft.catch_up_seconds * read / draft.catch_up_tokens
             prompt_unread_by_draft -= read
         stats = stats.after_step(len(draft), n_accepted, len(emitted), draft_seconds - prompt_share, target_seconds,
-                                 prefill_seconds=prompt_share, looked_up=draft.looked_up)
+                                 prefill_seconds=prompt_share, looked_up=draft.looked_up, seconds=clock.now() - started)
         yield Step(emitted, draft.tokens[n_accepted:].tolist(), stats, finish)
         if finish:
             return

@@ -6,6 +6,22 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """One step of the loop, as a draft-length policy learns from it."""
+
+    drafted: int  # the proposer's own draft tokens (those looked up on top of them cost it nothing)
+    accepted: int  # of those
+    draft_seconds: float = 0.0  # drafting alone (the draft's catch-up before it is timed apart)
+    target_seconds: float = 0.0
+    verified: int | None = None  # tokens in the target's pass (default drafted + 1; more with looked-up ones)
+    catch_up_tokens: int = 0  # tokens the draft was fed before it drafted
+    catch_up_seconds: float = 0.0
+    copies: tuple[int, ...] = ()  # the step's copy of earlier text, proposed or passed over
+    copies_at: int = 0  # the position among the step's tokens the copy was for
+    emitted: tuple[int, ...] = ()  # the tokens the step emitted
+
+
 @dataclass
 class FixedK:
     k: int
@@ -15,11 +31,7 @@ class FixedK:
     def next_k(self, remaining: int, catch_up: int, generated: int = 0) -> int:
         return self.k
 
-    def observe_copies(self, copies: list[int], at: int, emitted: list[int]) -> None:
-        pass
-
-    def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0,
-               catch_up_tokens: int = 0, catch_up_seconds: float = 0.0, n_verified: int | None = None) -> None:
+    def observe(self, outcome: StepOutcome) -> None:
         pass
 
 
@@ -169,15 +181,12 @@ class CostAwareK:
         exploring, self.exploring = self.exploring, False
         return exploring
 
-    def update(self, n_drafted: int, n_accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.0,
-               catch_up_tokens: int = 0, catch_up_seconds: float = 0.0, n_verified: int | None = None) -> None:
-        """n_drafted, n_accepted: the proposer's own tokens; draft_seconds: drafting alone (the
-        catch-up before it is timed apart); n_verified: tokens in the target's pass (default
-        n_drafted + 1; more when looked-up tokens joined the draft)."""
-        self.costs.observe(n_drafted, draft_seconds, n_verified or n_drafted + 1, target_seconds)
-        self.costs.observe_catch_up(catch_up_tokens, catch_up_seconds)
-        if n_drafted:
-            self.drafted.observe(n_accepted, rejected=n_accepted < n_drafted)
+    def observe(self, step: StepOutcome) -> None:
+        """Learns the costs and the draft's and the copies' acceptance from one step."""
+        self.costs.observe(step.drafted, step.draft_seconds, step.verified or step.drafted + 1, step.target_seconds)
+        self.costs.observe_catch_up(step.catch_up_tokens, step.catch_up_seconds)
+        if step.drafted:
+            self.drafted.observe(step.accepted, rejected=step.accepted < step.drafted)
             self.plain_steps = 0
             self.drafting_steps += 1
             self.exploring = self.drafting_steps % self.explore_every == self.explore_every - 1
@@ -185,6 +194,7 @@ class CostAwareK:
             self.plain_steps += 1
         if self.costs.ready:
             self._choose()
+        self.observe_copies(list(step.copies), step.copies_at, list(step.emitted))
 
     def use_copies(self, k: int, n_copies: int) -> bool:
         """Whether to propose the n_copies tokens that followed the text's last tokens earlier

@@ -127,7 +127,7 @@ class AcceptanceView(QWidget):
         self.fields["acceptance"].setText(
             f"{stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted}{copied})" if stats.drafted else "– (nothing drafted)")
         self.fields["length"].setText(f"{stats.mean_accepted_length:.2f} tokens per target pass")
-        self.fields["speed"].setText(f"{stats.tokens_per_s:.2f} tokens/s ({stats.tokens} tokens)")
+        self.fields["speed"].setText(f"{stats.tokens_per_s:.2f} tokens/s ({stats.emitted} tokens)")
         self.fields["time"].setText(f"{stats.draft_seconds:.1f} s / {stats.target_seconds:.1f} s")
         cached = (f" ({stats.cached_prompt_tokens:,} of {stats.prompt_tokens:,} prompt tokens cached)"
                   if stats.cached_prompt_tokens else "")

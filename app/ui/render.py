@@ -341,7 +341,7 @@ FINISH_TEXT = {FinishReason.STOP: "done", FinishReason.LENGTH: "length limit", F
 def stats_line(stats: AnswerStats | None) -> str:
     if not stats:
         return ""
-    parts = [stats.mode, f"{stats.tokens} tokens", f"{stats.tokens_per_s:.2f} tok/s"]
+    parts = [stats.mode, f"{stats.emitted} tokens", f"{stats.tokens_per_s:.2f} tok/s"]
     if stats.first_token_seconds is not None:
         parts.append(f"first token {stats.first_token_seconds:.2f} s")
     if stats.drafted:

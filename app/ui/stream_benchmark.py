@@ -39,7 +39,7 @@ def history(messages: int) -> list[Message]:
         else:
             pieces = answer_text(120)
             tokens = [TokenRecord(p, ("accepted", "corrected", "bonus")[j % 3], 0.9) for j, p in enumerate(pieces)]
-            out.append(Message("assistant", "".join(pieces), tokens, AnswerStats(mode="speculative", tokens=120)))
+            out.append(Message("assistant", "".join(pieces), tokens, AnswerStats(mode="speculative", emitted=120)))
     return out
 
 
@@ -65,7 +65,7 @@ def run_ui(args: argparse.Namespace) -> dict:
     for end in range(args.tokens_per_update, len(pieces) + 1, args.tokens_per_update):
         tokens += [TokenRecord(p, ("accepted", "accepted", "corrected", "bonus")[i % 4], 0.9)
                    for i, p in enumerate(pieces[len(tokens) : end], start=len(tokens))]
-        stats = replace(stats, tokens=len(tokens), accepted_lengths=stats.accepted_lengths + (3,))
+        stats = replace(stats, emitted=len(tokens), accepted_lengths=stats.accepted_lengths + (3,))
         answer = Message("assistant", "".join(p.text for p in tokens), list(tokens), stats)
         start = time.perf_counter()
         acceptance.show_stats(stats)
