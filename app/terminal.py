@@ -9,7 +9,7 @@ from .chat.detokenize import IncrementalDecoder
 from .chat.prompt import chat_prompt_ids
 from .engine.engine import GenerationOptions, SpeculativeEngine
 from .engine.errors import ModelError, PromptTooLongError
-from .engine.models import load_model, pick_device
+from .engine.models.loading import load_model, pick_device
 from .engine.steps import FinishReason, Source
 from .engine.flags import chat_options, load_options
 
@@ -45,8 +45,8 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
         return 2
     colour = sys.stdout.isatty()
     legend = " ".join(f"{ANSI[s]}{s.value}{RESET}" for s in Source) if colour else ""
-    drafting = f"draft {engine.draft.name}: {engine.draft.precision}" if engine.draft else "no draft model"
-    print(f"Ready ({target.name}: {target.precision}; {drafting}). "
+    drafting = f"draft {engine.draft.name}: {engine.draft.label}" if engine.draft else "no draft model"
+    print(f"Ready ({target.name}: {target.label}; {drafting}). "
           f"{CONTINUE} goes on with an answer cut short; an empty line or Ctrl-D quits. {legend}", file=sys.stderr)
     messages: list[dict[str, str]] = []
     options = chat_options(args)

@@ -28,7 +28,7 @@ def no_prepared_copies_left_in_the_users_cache():
     """A test that loads a model of its own at low bit prepares its copy in a folder of its own
     (SPECCHAT_CACHE): only the default pair's copies, which the real-model tests prepare once, may
     join the user's cache."""
-    from app.engine import default_models, prepared
+    from app.engine.models import defaults as default_models, prepared_copies as prepared
 
     before = {copy.path.name for copy in prepared.copies()}
     yield

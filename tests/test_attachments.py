@@ -4,7 +4,7 @@ import pytest
 
 from app.chat import attachments
 from app.chat.attachments import AttachmentError, file_block
-from app.ui.render import code_blocks
+from app.ui.markdown import code_blocks
 
 
 def test_a_text_file_becomes_a_code_block_named_after_it(tmp_path):

@@ -1,18 +1,18 @@
 """Costs remembered between starts: timed once per models, precision, kernel build, threads and CPU."""
 import pytest
 
-from app.engine import cached_model
+from app.engine.models import decoder
 from app.engine.calibration import calibrate_remembered
 from app.engine.engine import SpeculativeEngine
 from app.engine.lowbit import kernel
-from app.engine.models import LoadedModel
+from app.engine.models.loading import LoadedModel
 
 
 def test_a_second_start_uses_the_remembered_costs(tiny_target, tiny_draft, tmp_path, monkeypatch):
     path = tmp_path / "costs.json"
     first = SpeculativeEngine(tiny_target, tiny_draft)
     assert calibrate_remembered(first, path) is False and first.costs.ready
-    monkeypatch.setattr(cached_model, "pass_seconds", _no_timing)
+    monkeypatch.setattr(decoder, "pass_seconds", _no_timing)
     monkeypatch.setattr("app.engine.engine.pass_seconds", _no_timing)
     second = SpeculativeEngine(tiny_target, tiny_draft)
     assert calibrate_remembered(second, path) is True

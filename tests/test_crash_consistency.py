@@ -18,7 +18,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "SPECCHAT_NO_NATIVE_KERNEL": "1"}
 
 PREPARE = textwrap.dedent("""
     import sys
-    from app.engine.models import load_model
+    from app.engine.models.loading import load_model
     loaded = load_model(sys.argv[1], precision="4bit")
     print("loaded", loaded.precision, flush=True)
 """)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from app.cli import build_parser
-from app.engine import lean_decoder
+from app.engine.models import lean_decoder
 from app.engine.engine import GenerationOptions
 from app.engine.choices import default_draft_precision
 from app.engine.api import CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS
@@ -78,7 +78,7 @@ def test_the_kv_cache_flag_reaches_the_engines_caches():
     from app.engine.engine import SpeculativeEngine
     from app.engine.lowbit import kernel
     from app.engine.lowbit.modules import quantize_model
-    from app.engine.models import LoadedModel
+    from app.engine.models.loading import LoadedModel
     from tests.tiny import tiny_model
 
     assert load_options(parsed("chat", "--kv-cache", "float32")).kv_cache_dtype == torch.float32

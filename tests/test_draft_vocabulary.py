@@ -6,9 +6,9 @@ import torch
 
 from app.engine.draft_vocabulary import BLOCK, DraftVocabulary
 from app.engine.engine import GenerationOptions, SpeculativeEngine
-from app.engine.lean_decoder import LeanDecoder
+from app.engine.models.lean_decoder import LeanDecoder
 from app.engine.lowbit.modules import quantize_model
-from app.engine.models import LoadedModel
+from app.engine.models.loading import LoadedModel
 from app.engine.sampling import SamplingParams, logits_to_probs
 from app.engine.steps import Source
 from tests.helpers import all_steps, generated_ids

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM
 
-from app.engine.cached_model import CachedModel, cached
+from app.engine.models.transformers_decoder import TransformersDecoder
+from app.engine.models.decoder import cached
 from app.engine.lowbit.modules import quantize_model
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -23,8 +24,8 @@ ARCHITECTURES = {
 def test_verified_rows_equal_rows_decoded_alone(architecture):
     torch.manual_seed(0)
     model = quantize_model(ARCHITECTURES[architecture]().eval(), 4)
-    assert architecture == "gemma2" or isinstance(cached(model), CachedModel)  # their path
-    together, alone = CachedModel(model), CachedModel(model)
+    assert architecture == "gemma2" or isinstance(cached(model), TransformersDecoder)  # their path
+    together, alone = TransformersDecoder(model), TransformersDecoder(model)
     assert together.exact_rows
     prompt, tokens = torch.arange(3, 23) % 96, torch.tensor([11, 22, 33, 44, 55, 66])  # past the window of 8
     for cache in (together, alone):

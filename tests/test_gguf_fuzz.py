@@ -31,10 +31,10 @@ LOADER = textwrap.dedent("""
     if "libasan" not in os.environ.get("LD_PRELOAD", ""):  # the sanitizer maps terabytes of shadow memory
         resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
     import torch
-    from app.engine.cached_model import cached
+    from app.engine.models.decoder import cached
     from app.engine.errors import ModelError
     from app.engine.lowbit.loader import load_gguf_lowbit
-    from app.engine.models import load_model
+    from app.engine.models.loading import load_model
 
     def too_long(*_):
         raise TimeoutError("over the time allowed")

@@ -214,7 +214,7 @@ def test_sliding_window_models_generate_past_their_window():
 def test_the_drafts_catch_up_on_the_prompt_is_not_a_cost_per_drafted_token(tiny_target):
     """The first draft feeds the whole prompt to the draft model; that time is reported apart,
     so the cost-aware policy does not take it for the price of each drafted token."""
-    from app.engine.cached_model import cached
+    from app.engine.models.decoder import cached
     from app.engine.proposers import DraftModelProposer
     from app.engine.sampling import SamplingParams
 
@@ -230,7 +230,7 @@ def test_the_drafts_catch_up_on_the_prompt_is_not_a_cost_per_drafted_token(tiny_
 
 def test_a_draft_ends_with_the_first_stop_token_it_drafts(tiny_target):
     """Nothing after the answer's end is ever emitted, so drafting on past it is wasted work."""
-    from app.engine.cached_model import cached
+    from app.engine.models.decoder import cached
     from app.engine.proposers import DraftModelProposer
     from app.engine.sampling import SamplingParams
 
@@ -248,7 +248,7 @@ def test_after_a_fully_accepted_draft_the_draft_model_makes_one_pass_per_drafted
     """The last draft token and the target's bonus token go into the draft model in one pass with
     the next draft step (a pass of its own for the last draft token cost as much as a drafted
     token); the drafts are the same as from a model fed everything afresh."""
-    from app.engine.cached_model import cached
+    from app.engine.models.decoder import cached
     from app.engine.proposers import DraftModelProposer
     from app.engine.sampling import SamplingParams
 
@@ -390,7 +390,7 @@ def test_a_target_padded_past_its_drafts_vocabulary_pairs_with_it_and_keeps_its_
     0.5B draft's, for its larger embedding: the same tokens, so the pair is accepted and greedy
     speculation gives the target's output. Placeholders at other ids, or real tokens past the
     draft's, are still refused."""
-    from app.engine.models import LoadedModel, ModelError, vocabulary_mismatch
+    from app.engine.models.loading import LoadedModel, ModelError, vocabulary_mismatch
     from tests.tiny import tiny_tokenizer
 
     target = tiny_model(seed=1, vocab_size=104)

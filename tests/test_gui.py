@@ -297,7 +297,7 @@ def test_the_kv_cache_picker_reloads_the_engine_and_is_remembered(qtbot, make_wi
 
     from app.engine.lowbit import kernel
     from app.engine.lowbit.modules import quantize_model
-    from app.engine.models import LoadedModel
+    from app.engine.models.loading import LoadedModel
 
     if kernel.native() is None:
         pytest.skip("the C++ kernel is not built on this machine: the Python loop's cache is float32")
@@ -652,7 +652,7 @@ def test_a_streamed_answer_ending_in_a_list_keeps_its_header_a_paragraph(qtbot):
     from app.chat.conversation import AnswerStats, Message, TokenRecord
     from app.engine.steps import Source
     from app.ui.chat_view import ChatView
-    from app.ui.render import RenderOptions
+    from app.ui.token_html import RenderOptions
 
     def answer(pieces: list[str]) -> Message:
         tokens = [TokenRecord(piece, Source.ACCEPTED, 0.9) for piece in pieces]
@@ -685,7 +685,7 @@ def test_a_thinking_answer_streams_as_it_renders_whole(qtbot):
     from app.chat.conversation import Message, TokenRecord
     from app.engine.steps import Source
     from app.ui.chat_view import ChatView
-    from app.ui.render import RenderOptions
+    from app.ui.token_html import RenderOptions
 
     pieces = ["<think>", "\nThe user", " wants 12 × 7.\n\n", "10 × 7 = 70,", " 2 × 7 = 14.\n", "</think>",
               "\n\n12 × 7", " = **84**."]
@@ -977,7 +977,7 @@ def test_prepared_models_on_disk_are_listed_and_deleted_but_not_those_loaded(qtb
     file said so); the loaded pair's copies are not offered for deletion; Delete frees the others."""
     import json
 
-    from app.engine import prepared
+    from app.engine.models import prepared_copies as prepared
 
     window = make_window(draft_precision="4bit")  # the 3-bit draft copy is not in use
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))  # once loaded (the kernel's build is cached)

@@ -3,7 +3,7 @@ say (a hostile file's, a cut one's) is refused with an error, never read past it
 import pytest
 import torch
 
-from app.engine.cached_model import cached
+from app.engine.models.decoder import cached
 from app.engine.lowbit import kernel, skeleton
 from app.engine.lowbit.packing import quantize_float
 from tests.tiny import wide_low_bit

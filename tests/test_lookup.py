@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from app.engine.cached_model import cached
+from app.engine.models.decoder import cached
 from app.engine.engine import SpeculativeEngine
 from app.engine.loop import Limits, speculative_generate
 from app.engine.policy import CostAwareK, CostModel, FixedK, StepOutcome

@@ -13,7 +13,7 @@ from app.engine.lowbit import kernel, packing
 from app.engine.lowbit.gguf_weights import IQ4_VALUES, packed_from_gguf
 from app.engine.lowbit.modules import LowBitLinear, quantize_model
 from app.engine.errors import ModelError
-from app.engine.models import LoadedModel, Precision, load_model
+from app.engine.models.loading import LoadedModel, Precision, load_model
 from tests.helpers import all_steps, generated_ids
 from tests.tiny import tiny_model, wide_low_bit
 
@@ -285,9 +285,10 @@ def test_a_qwen3_or_gemma_gguf_loads_low_bit_and_runs_lean(tmp_path, architectur
     square root, queries scaled by the head width as llama.cpp reads the file, and a sliding
     window of 8 on its local layer; Gemma 3: the global layers' linear rotary scaling; Gemma 2:
     the file's soft caps."""
-    from app.engine import lean_decoder
-    from app.engine.cached_model import CachedModel, cached
-    from app.engine.lowbit import skeleton, store
+    from app.engine.models import lean_decoder
+    from app.engine.models.transformers_decoder import TransformersDecoder
+    from app.engine.models.decoder import cached
+    from app.engine.lowbit import skeleton, prepared_tensors as store
     from app.engine.lowbit.loader import load_gguf_lowbit
     from app.engine.lowbit.modules import LowBitEmbedding
 
@@ -317,7 +318,7 @@ def test_a_qwen3_or_gemma_gguf_loads_low_bit_and_runs_lean(tmp_path, architectur
     store.save(model, tiny_model(1).tokenizer, tmp_path / "stored")
     loaded, _ = store.load(tmp_path / "stored")
     assert isinstance(loaded, skeleton.CausalLM)
-    ours, reference = cached(loaded, cache_dtype=torch.float32), CachedModel(model)
+    ours, reference = cached(loaded, cache_dtype=torch.float32), TransformersDecoder(model)
     assert isinstance(ours, lean_decoder.LeanDecoder)
     for tokens, keep in ((torch.arange(3, 40) % 96, 1), (torch.tensor([5, 17, 29, 41]), 4)):
         assert torch.allclose(ours.forward(tokens, keep), reference.forward(tokens, keep), atol=1e-4, rtol=1e-4)
@@ -331,8 +332,9 @@ def test_a_llama3_gguf_keeps_its_rotary_scaling(tmp_path):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from app.engine.cached_model import CachedModel, cached
-    from app.engine.lowbit import store
+    from app.engine.models.transformers_decoder import TransformersDecoder
+    from app.engine.models.decoder import cached
+    from app.engine.lowbit import prepared_tensors as store
     from app.engine.lowbit.loader import load_gguf_lowbit
 
     original = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=256,
@@ -348,7 +350,7 @@ def test_a_llama3_gguf_keeps_its_rotary_scaling(tmp_path):
     store.save(model, tiny_model(1).tokenizer, tmp_path / "stored")
     loaded, _ = store.load(tmp_path / "stored")
     assert torch.equal(loaded.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
-    ours, reference = cached(loaded, cache_dtype=torch.float32), CachedModel(model)
+    ours, reference = cached(loaded, cache_dtype=torch.float32), TransformersDecoder(model)
     tokens = torch.arange(3, 90) % 96  # past the scaling's 64 positions
     assert torch.allclose(ours.forward(tokens, 1), reference.forward(tokens, 1), atol=1e-4, rtol=1e-4)
     # the fp32 reference: a GGUF is dequantized into a folder whose config carries the divisors
@@ -378,7 +380,7 @@ def test_a_stored_model_starts_without_transformers_modeling_code(tmp_path):
     import sys
     import textwrap
 
-    from app.engine.lowbit import store
+    from app.engine.lowbit import prepared_tensors as store
     from app.engine.lowbit.loader import load_gguf_lowbit
 
     write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2")
@@ -387,8 +389,8 @@ def test_a_stored_model_starts_without_transformers_modeling_code(tmp_path):
         import sys, torch
         from pathlib import Path
         import app.cli, app.ui.main_window
-        from app.engine.cached_model import cached
-        from app.engine.lowbit import store
+        from app.engine.models.decoder import cached
+        from app.engine.lowbit import prepared_tensors as store
         model, tokenizer = store.load(Path({str(tmp_path / "stored")!r}))
         logits = cached(model).forward(torch.tensor([3, 5, 7]), 1)
         assert logits.shape[-1] == 96 and len(tokenizer) > 0
@@ -431,7 +433,7 @@ def test_low_bit_greedy_equivalence_without_the_native_kernel(monkeypatch):
 def test_low_bit_greedy_equivalence_with_the_other_builds(isa, monkeypatch):
     """On a CPU without AVX-512 another build runs the layer stack: speculation keeps the output
     there too."""
-    from app.engine import lean_decoder
+    from app.engine.models import lean_decoder
 
     module = built(isa)
     monkeypatch.setattr(kernel, "native", lambda: module)
@@ -449,8 +451,8 @@ def test_low_bit_qwen3_and_gemma_run_lean_and_keep_the_output(architecture):
     """Qwen3 (the q/k head norms), Gemma 3 (also output norms, a sliding window shorter than the
     answer) and Gemma 2 (no head norms, soft caps) run through the lean decoder and, where the
     kernel is built, its C++ layer stack: speculation gives the target's greedy output."""
-    from app.engine import lean_decoder
-    from app.engine.cached_model import cached
+    from app.engine.models import lean_decoder
+    from app.engine.models.decoder import cached
 
     target = quantize_model(tiny_model(seed=5, hidden=64, architecture=architecture).model, 8)
     draft = quantize_model(tiny_model(seed=6, hidden=64, architecture=architecture).model, 4, feed_forward_bits=3)
@@ -476,7 +478,7 @@ def test_low_bit_same_model_draft_accepts_everything(low_bit_target):
 
 
 def test_a_float_folder_loads_quantized_on_request(tmp_path, tiny_target, monkeypatch):
-    from app.engine import prepared
+    from app.engine.models import prepared_copies as prepared
 
     monkeypatch.setattr(prepared, "folder", lambda: tmp_path / "prepared")  # (the kernel's build stays shared)
     tiny_target.model.save_pretrained(tmp_path / "m")
@@ -536,7 +538,7 @@ def test_a_float_folder_is_prepared_once_and_a_checkpoint_that_does_not_map_is_r
     float32 instead, to the same model."""
     from safetensors.torch import load_file, save_file
 
-    from app.engine import prepared
+    from app.engine.models import prepared_copies as prepared
     from app.engine.lowbit import folder_loader
 
     monkeypatch.setattr(prepared, "folder", lambda: tmp_path / "prepared")
@@ -572,7 +574,7 @@ def test_a_hub_id_in_the_local_cache_is_prepared_once_as_its_folder_is(tmp_path,
 
     import huggingface_hub
 
-    from app.engine import prepared
+    from app.engine.models import prepared_copies as prepared
 
     monkeypatch.setattr(prepared, "folder", lambda: tmp_path / "prepared")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -601,7 +603,7 @@ def test_a_hub_id_in_the_local_cache_is_prepared_once_as_its_folder_is(tmp_path,
 def test_a_draft_with_3_bit_feed_forward_layers_keeps_the_output():
     """The default draft's form (feed-forward layers in 3 bits, the rest in 4) through the layer
     stack: speculation still gives the target's greedy output."""
-    from app.engine import lean_decoder
+    from app.engine.models import lean_decoder
 
     target, draft = wide_low_bit(5, 8), wide_low_bit(6, 4, feed_forward_bits=3)
     assert lean_decoder.native_stack(draft.model) is not None or kernel.native() is None
@@ -620,8 +622,9 @@ def test_lean_decoder_matches_transformers_forward(hidden, architecture):
     included, over a context longer than the native attention's blocks of 64 keys (with a float32
     cache, as transformers' is; the float16 one is tested below). Qwen3 normalises each query and
     key head before the rotary embedding."""
-    from app.engine.cached_model import CachedModel, cached
-    from app.engine.lean_decoder import LeanDecoder
+    from app.engine.models.transformers_decoder import TransformersDecoder
+    from app.engine.models.decoder import cached
+    from app.engine.models.lean_decoder import LeanDecoder
 
     float_model = tiny_model(seed=5, hidden=hidden, architecture=architecture)
     with torch.no_grad():  # Qwen2's q/k/v biases start at zero; real models' do not
@@ -629,7 +632,7 @@ def test_lean_decoder_matches_transformers_forward(hidden, architecture):
             if name.endswith("bias"):
                 parameter.normal_(generator=torch.Generator().manual_seed(len(name)))
     model = quantize_model(float_model.model, 8)
-    lean, reference = cached(model, cache_dtype=torch.float32), CachedModel(model)
+    lean, reference = cached(model, cache_dtype=torch.float32), TransformersDecoder(model)
     assert isinstance(lean, LeanDecoder)
     assert all(fused is not None for fused in lean.qkv + lean.gate_up) == (hidden == 64)
     for model in (lean, reference):
@@ -725,7 +728,7 @@ def test_the_native_cache_holds_keys_and_values_in_float16():
     """The native stack's cache is float16: half the bytes of a float32 one, holding the float32
     keys and values rounded (the first layer's, which nothing before them can change), and the
     logits stay near those of a float32 cache."""
-    from app.engine.cached_model import cached
+    from app.engine.models.decoder import cached
 
     model = quantize_model(tiny_model(seed=8, hidden=64).model, 8)
     prompt = torch.arange(3, 90) % 96
@@ -746,7 +749,7 @@ def test_verified_rows_equal_rows_decoded_alone(isa, architecture, monkeypatch):
     """The whole low-bit target is batch invariant: logits of tokens verified together are
     bit-identical to decoding them one at a time. This is what keeps greedy speculative output
     equal to plain output even on near-ties."""
-    from app.engine.cached_model import cached
+    from app.engine.models.decoder import cached
 
     module = built(isa)
     monkeypatch.setattr(kernel, "native", lambda: module)
@@ -765,8 +768,8 @@ def test_verified_rows_equal_rows_decoded_alone(isa, architecture, monkeypatch):
 def test_a_long_prompt_read_in_chunks_equals_one_call(keep, monkeypatch):
     """The native stack reads a long prompt PREFILL_CHUNK rows per call (bounded buffers): the
     kept logits and the cache it leaves are bit-identical to one call over the whole prompt."""
-    from app.engine import lean_decoder
-    from app.engine.cached_model import cached
+    from app.engine.models import lean_decoder
+    from app.engine.models.decoder import cached
 
     model = quantize_model(tiny_model(seed=7, hidden=64).model, 4)
     prompt, follow = torch.arange(3, 43) % 96, torch.tensor([5, 6, 7])
@@ -785,8 +788,8 @@ def test_a_long_prompt_read_in_chunks_equals_one_call(keep, monkeypatch):
 def test_a_long_cache_grows_by_steps_and_keeps_what_it_held(path, monkeypatch):
     """Past CACHE_STEP tokens the cache grows by CACHE_STEP, not by doubling; growing keeps every
     cached key and value: what follows gets the logits a cache that never had to grow gives."""
-    from app.engine import lean_decoder
-    from app.engine.cached_model import cached
+    from app.engine.models import lean_decoder
+    from app.engine.models.decoder import cached
 
     if path == "python":
         monkeypatch.setattr(kernel, "native", lambda: None)
@@ -812,7 +815,7 @@ def test_a_long_cache_grows_by_steps_and_keeps_what_it_held(path, monkeypatch):
 def test_rotary_embeddings_from_the_table_equal_those_worked_out_each_pass(path, monkeypatch):
     """The lean decoder looks each position's rotary cos and sin up in a table it makes when its
     cache grows: the logits are bit for bit those of working them out on every pass, across growth."""
-    from app.engine.cached_model import cached
+    from app.engine.models.decoder import cached
     from app.engine.lowbit import skeleton
 
     if path == "python":

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import default_models
+from app.engine.models import defaults as default_models
 from app.engine.engine import GenerationOptions, SpeculativeEngine
 from app.engine.errors import ModelError
-from app.engine.models import Precision, check_compatible, load_model
+from app.engine.models.loading import Precision, check_compatible, load_model
 from tests.helpers import EMPTY_GGUF, generated_ids
 from tests.tiny import tiny_model
 
@@ -111,8 +111,8 @@ def test_a_full_disk_while_assembling_leaves_no_partial_file(fake_parts, tmp_pat
 def test_a_full_disk_while_preparing_a_model_says_so_and_leaves_nothing(tmp_path, monkeypatch):
     """safetensors reports a full disk as its own error, with the words only; the unfinished copy
     (a gigabyte for the default target) must not stay and keep the disk full."""
-    from app.engine import models
-    from app.engine.lowbit import loader, store
+    from app.engine.models import loading as models
+    from app.engine.lowbit import loader, prepared_tensors as store
     from app.engine.lowbit.modules import quantize_model
 
     gguf = tmp_path / "model.gguf"
@@ -152,7 +152,7 @@ def test_model_bytes_count_every_tensor_once_also_beside_empty_ones(tmp_path):
     from safetensors.torch import load_file, save_file
     from torch import nn
 
-    from app.engine.cpu_linear import model_bytes
+    from app.engine.models.cpu_linear import model_bytes
 
     save_file({"a": torch.ones(1000), "b": torch.empty(16, 0), "c": torch.ones(10)}, tmp_path / "t.safetensors")
     loaded = load_file(tmp_path / "t.safetensors")
@@ -167,8 +167,8 @@ def test_model_bytes_count_every_tensor_once_also_beside_empty_ones(tmp_path):
 def test_a_damaged_prepared_copy_is_prepared_again(tmp_path, monkeypatch):
     """A prepared (repacked) copy that cannot be read is prepared again from the GGUF, with a
     warning, instead of refusing the model until the user finds and deletes the cache."""
-    from app.engine import models
-    from app.engine.lowbit import loader, store
+    from app.engine.models import loading as models
+    from app.engine.lowbit import loader, prepared_tensors as store
     from app.engine.lowbit.modules import quantize_model
 
     gguf = tmp_path / "model.gguf"
@@ -317,8 +317,8 @@ def test_prepared_copies_are_listed_and_a_changed_files_old_copy_is_dropped(tmp_
     again, goes. Copies of another file, or of the same file at another precision, stay."""
     import os
 
-    from app.engine import models, prepared
-    from app.engine.lowbit import loader, store
+    from app.engine.models import loading as models, prepared_copies as prepared
+    from app.engine.lowbit import loader, prepared_tensors as store
     from app.engine.lowbit.modules import quantize_model
 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
@@ -351,7 +351,7 @@ def test_prepared_copies_are_listed_and_a_changed_files_old_copy_is_dropped(tmp_
 def test_age_in_words():
     import time
 
-    from app.engine.prepared import age_in_words
+    from app.engine.models.prepared_copies import age_in_words
 
     noon = time.mktime((2001, 9, 9, 12, 0, 0, 0, 0, -1))  # local time
     assert [age_in_words(noon - hours * 3600, noon) for hours in (11, 13, 24, 120)] == \
@@ -360,7 +360,7 @@ def test_age_in_words():
 
 
 def test_copies_prepared_before_they_noted_their_source_are_known_by_their_names(tmp_path, monkeypatch):
-    from app.engine import prepared
+    from app.engine.models import prepared_copies as prepared
 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path))
     for name in ("Qwen2.5-Coder-0.5B-Instruct-3bit", "Qwen2.5-Coder-1.5B-Instruct", "mine-0123456789abcdef-4bit",
@@ -402,7 +402,7 @@ def test_a_model_folders_own_code_never_runs_even_when_a_user_would_say_yes(tmp_
         "AutoConfig": "configuration_custom.CustomConfig", "AutoModelForCausalLM": "configuration_custom.CustomConfig",
         "AutoTokenizer": ["configuration_custom.CustomConfig", None]}}))
     (folder / "configuration_custom.py").write_text(CUSTOM_CODE)
-    script = ("import sys\nfrom app.engine.errors import ModelError\nfrom app.engine.models import load_model, load_tokenizer\n"
+    script = ("import sys\nfrom app.engine.errors import ModelError\nfrom app.engine.models.loading import load_model, load_tokenizer\n"
               "for load in (load_tokenizer, load_model, lambda f: load_model(f, precision='fp32')):\n"
               "    try:\n        load(sys.argv[1])\n    except ModelError as error:\n        print('refused')\n")
     run = subprocess.run([sys.executable, "-c", script, str(folder)], input="y\n" * 10, capture_output=True, text=True,

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from app.bench.speed import long_prompt_runs, ours
-from app.engine.cached_model import cached
+from app.engine.models.decoder import cached
 from app.engine.engine import SpeculativeEngine
-from app.engine.prefix_cache import MIN_TOKENS, RESERVE_BYTES, PrefixStore, Snapshot, keep_prefix
+from app.engine.kv.kept_prefixes import MIN_TOKENS, RESERVE_BYTES, PrefixStore, Snapshot, keep_prefix
 from app.engine.proposers import DraftModelProposer
 from app.engine.sampling import SamplingParams
 from tests.helpers import all_steps, options

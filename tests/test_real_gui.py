@@ -9,7 +9,7 @@ from PySide6.QtCore import QSettings
 from PySide6.QtGui import QColor, QImage
 
 from app.chat.store import ChatStore
-from app.engine.models import load_model
+from app.engine.models.loading import load_model
 from app.engine.api import LOAD_DEFAULTS
 from app.ui.main_window import MainWindow
 from app.ui.theme import LIGHT

@@ -5,7 +5,7 @@ import pytest
 from app.chat.prompt import chat_prompt_ids
 from app.engine.engine import SpeculativeEngine
 from app.engine.errors import ModelError
-from app.engine.models import load_model
+from app.engine.models.loading import load_model
 from app.engine.steps import Source
 from app.engine.api import LOAD_DEFAULTS
 from tests.helpers import all_steps, generated_ids

@@ -2,8 +2,9 @@
 import re
 
 from app.chat.conversation import TokenRecord
-from app.ui.render import (RenderOptions, answer_html, code_blocks, markdown_html, parse_action, parse_href,
-                           token_owners)
+from app.ui.links import parse_action, parse_href
+from app.ui.markdown import code_blocks
+from app.ui.token_html import RenderOptions, answer_html, markdown_html, token_owners
 from app.ui.theme import DARK, LIGHT
 
 
@@ -147,7 +148,7 @@ def test_a_reasoning_models_thinking_is_set_apart_with_its_tokens():
 
 
 def test_thinking_renders_the_same_in_streamed_parts():
-    from app.ui.render import answer_part_html
+    from app.ui.token_html import answer_part_html
 
     text, owners = "".join(t.text for t in THINKING), token_owners(THINKING)
     whole = answer_part_html(0, text, owners, THINKING, RenderOptions(LIGHT))

@@ -7,8 +7,8 @@ import torch
 
 from app.bench.speed import ours, restarted_first_token
 from app.engine.engine import SpeculativeEngine
-from app.engine.prefix_cache import MIN_TOKENS, Snapshot
-from app.engine.saved_prefixes import BLOCK, SavedPrefixes, prefix_digests, trim
+from app.engine.kv.kept_prefixes import MIN_TOKENS, Snapshot
+from app.engine.kv.saved_prefixes import BLOCK, SavedPrefixes, prefix_digests, trim
 from tests.helpers import all_steps, options
 from tests.tiny import tiny_model, wide_low_bit
 

@@ -7,9 +7,10 @@ import torch
 from transformers import LlamaConfig, Qwen2Config
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from app.engine import lean_decoder
-from app.engine.cached_model import CachedModel, cached
-from app.engine.lowbit import kernel, skeleton, store
+from app.engine.models import lean_decoder
+from app.engine.models.transformers_decoder import TransformersDecoder
+from app.engine.models.decoder import cached
+from app.engine.lowbit import kernel, skeleton, prepared_tensors as store
 from app.engine.lowbit.modules import quantize_model
 from tests.tiny import tiny_model
 
@@ -40,7 +41,7 @@ def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp
     # reference: transformers' forward; float32 keys and values, as its cache holds them (float16,
     # the native default, is tested in test_lowbit)
     original, ours = cached(model, cache_dtype=torch.float32), cached(loaded, cache_dtype=torch.float32)
-    reference = CachedModel(model)
+    reference = TransformersDecoder(model)
     assert isinstance(ours, lean_decoder.LeanDecoder) and (ours.stack is not None) == native
     prompt, verified = torch.arange(3, 40) % 96, torch.tensor([5, 17, 29, 41])
     for tokens, keep in ((prompt, 1), (verified, len(verified))):
@@ -52,7 +53,7 @@ def test_a_stored_model_loads_into_the_skeleton_and_computes_the_same_logits(tmp
 def test_the_store_keeps_projections_fused(tmp_path):
     """q/k/v and gate/up are stored fused and load as one weight each that the separate modules
     view (each weight once in memory), with the biases of both; tied weights are stored once."""
-    from app.engine.cpu_linear import model_bytes
+    from app.engine.models.cpu_linear import model_bytes
 
     model, loaded = saved_and_loaded(tmp_path)
     layout = json.loads((tmp_path / "stored" / store.LAYOUT).read_text())["modules"]

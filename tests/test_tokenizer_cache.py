@@ -2,8 +2,8 @@
 with its own chat template, and the pair check accepts them at once."""
 from transformers import AutoTokenizer
 
-from app.engine.models import vocabulary_mismatch
-from app.engine.tokenizer_cache import folder_tokenizer
+from app.engine.models.loading import vocabulary_mismatch
+from app.engine.models.shared_tokenizers import folder_tokenizer
 from tests.tiny import tiny_tokenizer
 
 

@@ -8,7 +8,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-from app.engine.models import LoadedModel
+from app.engine.models.loading import LoadedModel
 
 
 def tiny_tokenizer(vocab_size: int, prefix: str = "t", padding: int = 0) -> PreTrainedTokenizerFast:

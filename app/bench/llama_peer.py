@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine import default_models
-from ..engine.prefix_cache import common_prefix
-from ..engine.models import cache_dir
+from ..engine.models import defaults as default_models
+from ..engine.kv.kept_prefixes import common_prefix
+from ..engine.models.loading import cache_dir
 from ..engine.sampling import SamplingParams
 from .runs import RunResult
 

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from ..chat.prompt import chat_prompt_ids
 from ..engine.engine import GenerationOptions, SpeculativeEngine
-from ..engine.models import load_model, pick_device
+from ..engine.models.loading import load_model, pick_device
 from ..engine.flags import generation_options, load_options
 from .tasks import TASKS, Task
 
@@ -226,8 +226,8 @@ def run_seed(args: argparse.Namespace, engine: SpeculativeEngine | None = None) 
     reference = _load_resume(args.reference, max_new)
     comparisons = {name: c for name, items in records.items() if items
                    and (c := compare_to_reference(items, reference)) is not None}
-    result = {"config": {"target": engine.target.name, "draft": engine.draft.name, "precision": engine.target.precision,
-                         "draft_precision": engine.draft.precision, "kv_cache": args.kv_cache, "k": args.k,
+    result = {"config": {"target": engine.target.name, "draft": engine.draft.name, "precision": engine.target.label,
+                         "draft_precision": engine.draft.label, "kv_cache": args.kv_cache, "k": args.k,
                          "adaptive": args.adaptive, "limit": args.limit, "max_new_tokens": max_new},
               "tasks": summary, "identical": all(s.get("identical", True) for s in summary.values())}
     table = markdown_table(summary)

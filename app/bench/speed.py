@@ -8,7 +8,6 @@ import json
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -16,10 +15,10 @@ import torch
 from tqdm import tqdm
 
 from ..chat.prompt import chat_prompt_ids
-from ..engine.cached_model import cached as cached_forward, pass_seconds
+from ..engine.models.decoder import cached as cached_forward, pass_seconds
 from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.lowbit.skeleton import as_transformers
-from ..engine.models import LoadedModel, load_model, pick_device
+from ..engine.models.loading import LoadedModel, load_model, pick_device
 from ..engine.steps import Stats
 from ..engine.flags import generation_options, load_options
 from . import llama_peer
@@ -302,8 +301,8 @@ def run_speed(args: argparse.Namespace) -> dict:
     decode = {name: summary.get("decode_tokens_per_s") for name, summary in summaries.items()}
     result = {
         "config": {
-            "target": target.name, "draft": draft.name, "precision": target.precision,
-            "draft_precision": draft.precision, "kv_cache": args.kv_cache, "device": why, "dtype": str(dtype).replace("torch.", ""),
+            "target": target.name, "draft": draft.name, "precision": target.label,
+            "draft_precision": draft.label, "kv_cache": args.kv_cache, "device": why, "dtype": str(dtype).replace("torch.", ""),
             "torch_threads": torch.get_num_threads(), "data": str(args.data), "limit": len(prompts),
             "max_new_tokens": args.max_new_tokens, "k": args.k, "adaptive": args.adaptive, "packed_linear": packed,
             "proposer": args.proposer, "peer": peer_note,

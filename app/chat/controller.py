@@ -111,7 +111,7 @@ class ChatController:
         self._forget_deleted_chats()
         target, draft = engine.target, engine.draft
         self.models_ready.emit(ModelsReady(
-            chosen, f"{target.name} ({target.precision})", f"{draft.name} ({draft.precision})" if draft else None,
+            chosen, f"{target.name} ({target.label})", f"{draft.name} ({draft.label})" if draft else None,
             engine.draft_refused, self.models.device_text or "", switches_thinking(target.tokenizer),
             previous is None or previous.target != chosen.target))
 
@@ -170,8 +170,8 @@ class ChatController:
             return None
         target, draft, caches = self.engine.target, self.engine.draft, self.engine.cache_bytes()
         kv = str(self.engine.kv_cache).removeprefix("torch.") if self.engine.kv_cache else None
-        return (f"target {target.memory_bytes / 2**30:.2f} GiB ({target.precision}), "
-                + (f"draft {draft.memory_bytes / 2**30:.2f} GiB ({draft.precision})" if draft else "no draft model")
+        return (f"target {target.memory_bytes / 2**30:.2f} GiB ({target.label}), "
+                + (f"draft {draft.memory_bytes / 2**30:.2f} GiB ({draft.label})" if draft else "no draft model")
                 + (f", caches {caches / 2**20:,.0f} MiB" if caches else "") + (f" ({kv})" if caches and kv else ""),
                 (f"The draft's weights add {draft.memory_bytes / target.memory_bytes:.0%} to the target's. " if draft
                  else "") + "The caches hold the keys and values of this conversation, and of earlier ones kept so "

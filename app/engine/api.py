@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING
 from .background import in_thread, steps_of
 from .choices import (CACHE_TYPES, CHAT_DEFAULTS, COMMON_TOKENS, DEFAULTS, LOAD_DEFAULTS, GenerationOptions,
                       LoadOptions, Precision, ProposerKind, SamplingParams)
-from .default_models import DEFAULTS as DEFAULT_MODELS
+from .models.defaults import DEFAULTS as DEFAULT_MODELS
 from .errors import EngineBusyError, IncompatibleModelsError, ModelError, PromptTooLongError, in_one_line
 from .files import cache_root, private_folder
 from .model_pool import ModelPool
-from .prepared import PreparedCopy, age_in_words, float_model, noted_precision, noted_source
-from .prepared import copies as prepared_copies, delete as delete_prepared_copy, folder as prepared_folder
+from .models.prepared_copies import PreparedCopy, age_in_words, float_model, noted_precision, noted_source
+from .models.prepared_copies import copies as prepared_copies, delete as delete_prepared_copy, folder as prepared_folder
 from .steps import EmittedToken, FinishReason, Source, Stats, Step
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from .engine import SpeculativeEngine
-    from .models import LoadedModel
+    from .models.loading import LoadedModel
 
 __all__ = [
     "CACHE_TYPES", "CHAT_DEFAULTS", "COMMON_TOKENS", "DEFAULTS", "DEFAULT_MODELS", "LOAD_DEFAULTS", "EmittedToken",
@@ -37,7 +37,7 @@ __all__ = [
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     """A model's tokenizer alone (no weights); ModelError when it cannot be read."""
-    from .models import load_tokenizer as load
+    from .models.loading import load_tokenizer as load
 
     return load(source)
 
@@ -45,7 +45,7 @@ def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
 def vocabulary_mismatch(draft: PreTrainedTokenizerBase, target: PreTrainedTokenizerBase, draft_name: str,
                         target_name: str) -> str | None:
     """Why a draft with this tokenizer cannot draft for that target (None: it can)."""
-    from .models import vocabulary_mismatch as mismatch
+    from .models.loading import vocabulary_mismatch as mismatch
 
     return mismatch(draft, target, draft_name, target_name)
 
@@ -57,7 +57,7 @@ def __getattr__(name: str):
 
         return SpeculativeEngine
     if name == "LoadedModel":
-        from .models import LoadedModel
+        from .models.loading import LoadedModel
 
         return LoadedModel
     raise AttributeError(name)

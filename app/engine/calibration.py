@@ -48,10 +48,10 @@ def calibrate_remembered(engine: SpeculativeEngine, path: Path | None = None) ->
 
 
 def _key(engine: SpeculativeEngine) -> str:
-    draft = f"{engine.draft.name} ({engine.draft.precision})" if engine.draft else "no draft"
+    draft = f"{engine.draft.name} ({engine.draft.label})" if engine.draft else "no draft"
     if engine.draft_vocabulary:
         draft += f", drafting {engine.draft_vocabulary.common} common tokens"
-    return (f"{engine.target.name} ({engine.target.precision}) | {draft} | {engine.target.model.device} | "
+    return (f"{engine.target.name} ({engine.target.label}) | {draft} | {engine.target.model.device} | "
             f"kernel {kernel.build_id()} | {torch.get_num_threads()} threads | {_cpu()}")
 
 

@@ -127,7 +127,7 @@ class LoadOptions:
 
     @property
     def kv_cache_dtype(self) -> torch.dtype:
-        from .lean_decoder import CACHE_DTYPES  # torch's import waits for the models' load
+        from .models.lean_decoder import CACHE_DTYPES  # torch's import waits for the models' load
 
         return CACHE_DTYPES[self.kv_cache]
 

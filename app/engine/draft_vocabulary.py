@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .choices import COMMON_TOKENS
-from .lean_decoder import LeanDecoder
+from .models.lean_decoder import LeanDecoder
 from .lowbit import kernel
 from .lowbit.modules import LowBitLinear
 from .lowbit.packing import ROWS_MULTIPLE, TILE

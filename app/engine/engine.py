@@ -12,18 +12,18 @@ from pathlib import Path
 
 import torch
 
-from .cached_model import cached, pass_seconds
+from .models.decoder import Decoder, cached, pass_seconds
 from .choices import COMMON_TOKENS, GenerationOptions, ProposerKind
 from .draft_vocabulary import DraftVocabulary
 from .errors import EngineBusyError, IncompatibleModelsError, PromptTooLongError
 from .loop import Limits, read_ahead_into, speculative_generate
 from .memory_check import check_caches_fit
 from .lowbit import kernel
-from .models import LoadedModel, check_compatible, shared_vocab_width
+from .models.loading import LoadedModel, check_compatible, shared_vocab_width
 from .policy import CostAwareK, CostModel, FixedK
-from .prefix_cache import MIN_TOKENS, common_prefix
+from .kv.kept_prefixes import MIN_TOKENS, common_prefix
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
-from .saved_prefixes import SavedPrefixes, model_fingerprint, stores_under, trim
+from .kv.saved_prefixes import SavedPrefixes, model_fingerprint, stores_under, trim
 from .steps import FinishReason, Step
 
 ANSWERED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT)
@@ -117,7 +117,7 @@ class SpeculativeEngine:
     def forget(self) -> None:
         """Empty both models' caches and their kept copies: the next request reads its whole
         prompt, as a first one does (benchmarks time every run so). Otherwise each request keeps
-        what earlier ones left that its prompt begins with (see prefix_cache.py)."""
+        what earlier ones left that its prompt begins with (see kv/kept_prefixes.py)."""
         for model in self._cached_models():
             model.reset()
             model.prefixes.clear()
@@ -131,7 +131,7 @@ class SpeculativeEngine:
         for loaded, model in self._loaded_and_cached():
             model.saved = None
             if model.reuses_prefix and folder is not None:
-                arithmetic = (f"{model.cache_dtype}, kernel {kernel.build_id()}" if hasattr(model, "cache_dtype")
+                arithmetic = (f"{model.cache_dtype}, kernel {kernel.build_id()}" if model.cache_dtype is not None
                               else "transformers")
                 fingerprint = model_fingerprint(loaded.model, loaded.precision, arithmetic, str(model.device))
                 if fingerprint not in stores:
@@ -178,16 +178,16 @@ class SpeculativeEngine:
     def kv_cache(self) -> torch.dtype | None:
         """What the target's KV cache holds keys and values in, where the lean decoder keeps it
         (float16 by default, float32 on request or without the C++ kernel); None on transformers' path."""
-        return getattr(self._target, "cache_dtype", None)
+        return self._target.cache_dtype
 
     def cache_bytes(self) -> int:
         """The memory both models' caches and their kept copies take."""
         return sum(model.cache_bytes + model.prefixes.nbytes for model in self._cached_models())
 
-    def _cached_models(self) -> list:
+    def _cached_models(self) -> list[Decoder]:
         return [model for model in (self._target, self._draft) if model is not None]
 
-    def _loaded_and_cached(self) -> list[tuple[LoadedModel, object]]:
+    def _loaded_and_cached(self) -> list[tuple[LoadedModel, Decoder]]:
         return [(loaded, model) for loaded, model in ((self.target, self._target), (self.draft, self._draft))
                 if model is not None]
 

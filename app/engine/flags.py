@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from .choices import (CACHE_TYPES, DEFAULTS, LOAD_DEFAULTS, GenerationOptions, LoadOptions, Precision,
-                      ProposerKind, SamplingParams)
+from .choices import (CACHE_TYPES, DEFAULTS, LOAD_DEFAULTS, GenerationOptions, LoadOptions, Precision, ProposerKind,
+                      SamplingParams)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

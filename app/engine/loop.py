@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .cached_model import CachedModel
+from .models.decoder import Decoder
 from .errors import PromptTooLongError
 from .policy import DraftLengthPolicy, StepOutcome
-from .prefix_cache import keep_prefix
+from .kv.kept_prefixes import keep_prefix
 from .proposers import Draft, Proposer
 from .sampling import SamplingParams, logits_to_probs, penalize_repeats
 from .steps import EmittedToken, FinishReason, Source, Stats, Step, first_stop
@@ -35,7 +35,7 @@ class Limits:
 
 
 def speculative_generate(
-    target: CachedModel,
+    target: Decoder,
     proposer: Proposer,
     policy: DraftLengthPolicy,
     prompt_ids: list[int],
@@ -123,7 +123,7 @@ def speculative_generate(
             return
 
 
-def read_ahead_into(model: CachedModel, prompt_ids: list[int], cancel: threading.Event) -> int:
+def read_ahead_into(model: Decoder, prompt_ids: list[int], cancel: threading.Event) -> int:
     """Reads a prompt before it is sent (the message being typed) into a model's cache as its
     request would: the cache keeps what it holds of the prompt, and the rest but the last token
     (which the request's first step reads) is read READ_AHEAD_CHUNK tokens at a time until `cancel`

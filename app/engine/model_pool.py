@@ -26,7 +26,7 @@ from .files import write_text
 
 if TYPE_CHECKING:
     from .engine import SpeculativeEngine
-    from .models import LoadedModel
+    from .models.loading import LoadedModel
 
 Report = Callable[[str, float | None], None]
 
@@ -59,7 +59,7 @@ class ModelPool:
         whose vocabulary differs from the target's is dropped (SpeculativeEngine.for_pair)."""
         from .calibration import calibrate_remembered
         from .engine import SpeculativeEngine
-        from .models import load_model, pick_device
+        from .models.loading import load_model, pick_device
 
         keys = [(chosen.target, chosen.precision), (chosen.draft, chosen.draft_precision)]
         with self._lock:

@@ -8,9 +8,9 @@ from typing import Protocol
 
 import torch
 
-from .cached_model import CachedModel
+from .models.decoder import Decoder
 from .draft_vocabulary import DraftVocabulary
-from .prefix_cache import keep_prefix
+from .kv.kept_prefixes import keep_prefix
 from .sampling import SamplingParams, logits_to_probs, penalize_repeats, sample
 from .steps import first_stop
 
@@ -129,7 +129,7 @@ LOOKUP_NGRAM = 3  # tokens that must repeat before what followed them is propose
 class DraftModelProposer(_Committed):
     """A small model drafts autoregressively with its own KV cache."""
 
-    def __init__(self, model: CachedModel, params: SamplingParams, generator: torch.Generator | None,
+    def __init__(self, model: Decoder, params: SamplingParams, generator: torch.Generator | None,
                  vocabulary: DraftVocabulary | None = None, lookup_tokens: int = 0,
                  stop_tokens: frozenset[int] = frozenset()) -> None:
         """vocabulary: the tokens it may draft (None: all); see draft_vocabulary.py.

@@ -9,7 +9,7 @@ from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QVBoxLayout, QWidget
 
 from ..chat.conversation import AnswerStats, Comparison
-from .render import comparison_html
+from .message_html import comparison_html
 
 NO_COMPARISON = "Use Compare to rerun the last answer's prompt without speculation."
 

@@ -16,8 +16,10 @@ from PySide6.QtGui import QMouseEvent, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
 from ..chat.conversation import Message, TokenRecord
-from .render import (RenderOptions, answer_part_html, body_start, code_blocks, message_header_html, message_html,
-                     parse_action, parse_href, unanswered_html)
+from .links import parse_action, parse_href
+from .markdown import code_blocks
+from .message_html import body_start, message_header_html, message_html, unanswered_html
+from .token_html import RenderOptions, answer_part_html
 from .theme import SOURCE_HELP
 
 

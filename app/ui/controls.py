@@ -7,8 +7,8 @@ from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QLabel, QPushButton,
                                QSpinBox, QTabWidget, QWidget)
 
-from ..engine.api import (CACHE_TYPES, CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS, GenerationOptions, LoadOptions, Precision,
-                          ProposerKind, SamplingParams)
+from ..engine.api import (CACHE_TYPES, CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS, GenerationOptions, LoadOptions,
+                          Precision, ProposerKind, SamplingParams)
 
 DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
 DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]

@@ -18,7 +18,7 @@ from .event_loop import qt_event_loop
 from .message_actions import MessageActions
 from .model_dialog import missing_reason
 from .model_loading import ModelLoading
-from .render import RenderOptions
+from .token_html import RenderOptions
 from .theme import RESOURCES, SOURCE_HELP, THEMES
 from .window_layout import build_layout
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from PySide6.QtWidgets import QApplication, QFileDialog
 
 from ..chat.attachments import AttachmentError, file_block
-from .render import code_blocks, without_thinking
+from .markdown import code_blocks
+from .thinking import without_thinking
 
 if TYPE_CHECKING:
     from .main_window import MainWindow

@@ -49,7 +49,7 @@ def run_ui(args: argparse.Namespace) -> dict:
 
     from .acceptance_view import AcceptanceView
     from .chat_view import ChatView
-    from .render import RenderOptions
+    from .token_html import RenderOptions
     from .theme import LIGHT
 
     app = QApplication.instance() or QApplication([])

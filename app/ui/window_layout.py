@@ -13,7 +13,7 @@ from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
 from .composer import Composer
 from .controls import ControlsPanel
-from .render import RenderOptions
+from .token_html import RenderOptions
 from .settings import SPLITTER_KEYS
 from .theme import THEMES
 

@@ -1,67 +1,52 @@
-"""A GGUF file's header parsed once, and faster; gguf's tensor-name map built once.
+"""A GGUF file's header parsed once, and faster, and what transformers needs of it.
 
 gguf's GGUFReader walks the whole header in Python through np.memmap, whose per-slice Python
 hooks cost about 40% of that walk, and it reads an array one element at a time through several
-calls (a Qwen2 vocabulary's 300k strings: 6-7 s per file here); and transformers parses the same
-file again for the config. `parse(path)` reads arrays in one loop each, into the same parts, over
-a plain array view of the file; `shared_reader(path)` parses it once and lends that reader to every
-`gguf.GGUFReader(path)` made inside the block (transformers imports the class from the gguf
-package when it reads a config).
-Model loading runs one load at a time (model_pool.py), so the swaps are never seen by another
-load.
+calls (a Qwen2 vocabulary's 300k strings: 6-7 s per file). `parse(path)` reads arrays in one loop
+each, into the same parts, over a plain array view of the file. transformers would parse the same
+file again for the config (`config_of` hands it the settings alone) and build gguf's tensor-name
+map at every module (`hf_names` builds it once).
 """
 from __future__ import annotations
 
-import functools
-import mmap
 import struct
-import types
-from collections.abc import Iterator
-from contextlib import contextmanager
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gguf
-import gguf.gguf_reader
 import numpy as np
 from gguf import GGUFValueType
 
 from . import gguf_check
 
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PretrainedConfig
 
-class _PlainMapNumpy(types.ModuleType):
-    """numpy as gguf's reader module sees it, with memmap giving a plain read-only array over
-    the mapped file (the same bytes, without np.memmap's Python hooks on every slice)."""
-
-    def __init__(self) -> None:
-        super().__init__("numpy")
-
-    def __getattr__(self, name: str):
-        return getattr(np, name)
-
-    @staticmethod
-    def memmap(path, mode: str = "r") -> np.ndarray:  # parse() opens read-only
-        with open(path, "rb") as file:
-            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        return np.frombuffer(mapped, dtype=np.uint8)
+# The tokenizer's arrays (its 150k tokens, scores, types, merges): what makes a header slow to read
+TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                    "tokenizer.ggml.merges")
+# model types that gguf-py names otherwise (transformers' get_gguf_hf_weights_map renames them so)
+GGUF_MODEL_TYPES = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3",
+                    "gemma4_text": "gemma4", "umt5": "t5", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss"}
 
 
-@contextmanager
-def _lent(module: types.ModuleType, name: str, value) -> Iterator[None]:
-    """module.name is `value` inside the block, and what it was again after it."""
-    original = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
-
-
-class _ArraysAtOnce(gguf.GGUFReader):
-    """GGUFReader whose arrays of strings and scalars are read in one loop each, into the parts
-    GGUFReader makes (per string its length and its bytes, per scalar a one-element array): what
-    reads a field (gguf's `contents`, transformers' parsing) sees the same thing."""
+class FastReader(gguf.GGUFReader):
+    """GGUFReader over a plain array view of the mapped file (the same bytes, without np.memmap's
+    Python hooks on every slice), whose arrays of strings and scalars are read in one loop each,
+    into the parts GGUFReader makes (per string its length and its bytes, per scalar a one-element
+    array): what reads a field (gguf's `contents`, transformers' parsing) sees the same thing."""
 
     _length = struct.Struct("=Q").unpack_from  # byte order 'I': the file's order is the host's
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain
+
+    @data.setter
+    def data(self, mapped: np.memmap) -> None:  # GGUFReader.__init__ sets it, then parses through it
+        self._plain = mapped.view(np.ndarray)
 
     def _get_field_parts(self, orig_offs: int, raw_type: int):
         if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
@@ -96,28 +81,56 @@ def parse(path: Path) -> gguf.GGUFReader:
     structure does not hold is refused first (ModelError), before gguf's reader trusts it: every
     read of a GGUF's header goes through here (or, for a tokenizer alone, through gguf_check)."""
     gguf_check.check(path)
-    with _lent(gguf.gguf_reader, "np", _PlainMapNumpy()):
-        return _ArraysAtOnce(path)
+    return FastReader(path)
 
 
-@contextmanager
-def shared_reader(path: Path) -> Iterator[gguf.GGUFReader]:
-    """The parsed file; inside the block, GGUFReader(path) returns it instead of parsing again."""
-    reader = parse(path)
-    original = gguf.GGUFReader
-    target = Path(path).resolve()
+def config_of(reader: gguf.GGUFReader, path: Path) -> PretrainedConfig:
+    """transformers' config for the GGUF at `path`, parsed as `reader`. Given the file, transformers
+    parses all of it again with gguf's own reader (seconds for a 150k-token vocabulary); it reads
+    instead a copy of the header without the tokenizer's arrays and without tensors, written to a
+    temporary folder, with the vocabulary's size (which it would count from those arrays) as a
+    setting."""
+    from transformers import AutoConfig
 
-    def reader_for(other, mode="r"):
-        return reader if mode == "r" and Path(other).resolve() == target else original(other, mode)
+    architecture = str(reader.fields["general.architecture"].contents())
+    with tempfile.TemporaryDirectory(prefix="specchat-gguf-") as folder:
+        settings = Path(folder) / "settings.gguf"
+        writer = gguf.GGUFWriter(settings, architecture)
+        for name, field in reader.fields.items():
+            if name.startswith("GGUF.") or name == "general.architecture":
+                continue  # the writer writes these itself
+            if name in TOKENIZER_ARRAYS:
+                continue
+            array = field.types[0] == GGUFValueType.ARRAY
+            writer.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1] if array else None)
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        if f"{architecture}.vocab_size" not in reader.fields and tokens is not None:
+            writer.add_vocab_size(len(tokens.data))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        config = AutoConfig.from_pretrained(folder, gguf_file=settings.name, trust_remote_code=False)
+    config._name_or_path = str(path.parent)  # as if read from the file itself
+    return config
 
-    with _lent(gguf, "GGUFReader", reader_for):
-        yield reader
 
-
-@contextmanager
-def tensor_name_map_built_once() -> Iterator[None]:
-    """transformers' get_gguf_hf_weights_map walks the module tree and builds gguf's name map
-    afresh at every module (371 times for the default target: about 4 s of a first start); the
-    map depends only on its arguments."""
-    with _lent(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map)):
-        yield
+def hf_names(model: nn.Module, processor) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name, as transformers' get_gguf_hf_weights_map
+    maps them for the decoders we load, with gguf's name map built once (transformers builds it
+    again at every module: 371 times for the default target)."""
+    model_type = GGUF_MODEL_TYPES.get(model.config.model_type, model.config.model_type)
+    arch = next((key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == model_type), None)
+    if arch is None:
+        raise NotImplementedError(f"gguf-py does not know the architecture {model_type}")
+    name_map = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
+    names: dict[str, str] = {}
+    for hf_name in model.state_dict():
+        hf_name = processor.preprocess_name(hf_name)
+        name, suffix = hf_name.rsplit(".", 1) if hf_name.endswith((".weight", ".bias")) else (hf_name, "")
+        suffix = f".{suffix}" if suffix else ""
+        gguf_name = name_map.get_name(name)
+        if gguf_name is None:
+            processor.perform_fallback_tensor_mapping(names, suffix, "", hf_name)
+        else:
+            names[gguf_name + suffix] = hf_name
+    return names

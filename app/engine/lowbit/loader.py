@@ -10,8 +10,8 @@ import torch
 from accelerate import init_empty_weights
 from gguf import GGMLQuantizationType, dequantize
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
-from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
 from . import gguf_file, skeleton
 from .gguf_weights import packed_from_gguf
@@ -27,8 +27,8 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
                      feed_forward_bits: int | None = None) -> PreTrainedModel:
     """requantize_bits: re-quantize every weight matrix to this many bits (a cheaper draft);
     feed_forward_bits: the feed-forward matrices to this many instead."""
-    with gguf_file.shared_reader(path) as reader:  # one parse for the config and the tensors
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, trust_remote_code=False)
+    reader = gguf_file.parse(path)  # one parse for the config and the tensors
+    config = gguf_file.config_of(reader, path)
     _take_head_dim(config, reader)
     if config.model_type in ("gemma2", "gemma3_text"):
         _take_gemma_settings(config, reader)
@@ -37,8 +37,7 @@ def load_gguf_lowbit(path: Path, requantize_bits: int | None = None,
     # transformers names a Gemma 3 GGUF's model gemma3_text, and its processor (the norms' 1 + w) gemma3
     kind = {"gemma3_text": "gemma3"}.get(config.model_type, config.model_type)
     processor = TENSOR_PROCESSORS.get(kind, TensorProcessor)(config=config.to_dict())
-    with gguf_file.tensor_name_map_built_once():
-        names = get_gguf_hf_weights_map(model, processor)  # GGUF name -> HF parameter name
+    names = gguf_file.hf_names(model, processor)  # GGUF name -> HF parameter name
     modules = dict(model.named_modules())
     packed_by_name = {}
     for index, tensor in enumerate(reader.tensors):

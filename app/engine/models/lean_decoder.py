@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .choices import CACHE_TYPES, DEFAULT_CACHE
-from .lowbit import kernel, skeleton
-from .lowbit.modules import LowBitEmbedding, LowBitLinear, embedding_scale, fuse_projections
-from .prefix_cache import PrefixStore, Snapshot
+from ..choices import CACHE_TYPES, DEFAULT_CACHE
+from ..lowbit import kernel, skeleton
+from ..lowbit.modules import LowBitEmbedding, LowBitLinear, embedding_scale, fuse_projections
+from ..kv.kept_prefixes import PrefixStore, Snapshot
 
 PREFILL_CHUNK = 256  # rows per native stack call (64 to 256 read a 2,000-token prompt equally fast)
 CACHE_STEP = 1024  # tokens the cache grows by once it holds that many

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .errors import ModelError
-from .files import private_folder, replaced
+from ..errors import ModelError
+from ..files import private_folder, replaced
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done 0..1)
 

@@ -1,65 +1,32 @@
-"""Messages -> HTML for the chat view.
+"""An answer's text -> HTML in which every character is still its token's link.
 
-Markdown (CommonMark with tables and strikethrough) is rendered by markdown-it-py, with TeX
-math (\\( \\), \\[ \\], $$ $$, $ $) written as Unicode text (math_text.py). Every character of the
-rendered text is then traced back to the answer token it came from (the rendered text is the
-source minus Markdown's markers; math is aligned with its TeX), so each token stays a link
-coloured by its provenance, with its tooltip, inside lists, tables, headings, math and code
-blocks alike. With provenance colours off, code blocks are coloured by their syntax (Pygments).
-"""
+The Markdown is rendered (markdown.py), then every character of the rendered text is traced back
+to the answer token it came from (the rendered text is the source minus Markdown's markers; math
+is aligned with its TeX), so each token stays a link coloured by its provenance, with its
+tooltip, inside lists, tables, headings, math and code blocks alike. With provenance colours off,
+code blocks are coloured by their syntax (Pygments)."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from html import escape
 from html.parser import HTMLParser
 from itertools import groupby, repeat
 
-from markdown_it import MarkdownIt
-from markdown_it.rules_inline import StateInline
 from pygments.lexers import get_lexer_by_name
 from pygments.styles import get_style_by_name
 from pygments.token import Generic
 from pygments.util import ClassNotFound
 
-from ..chat.conversation import AnswerStats, Comparison, Message, TokenRecord
-from ..engine.api import FinishReason, Source
+from ..chat.conversation import TokenRecord
+from ..engine.api import Source
+from .links import action_href, token_href
+from .markdown import MARKDOWN, MATH_CLOSE, code_blocks
 from .math_text import math_text
 from .theme import Theme
+from .thinking import THINK_CLOSE, thinking_span
 
 LOOKAHEAD = 240  # how far a rendered character is looked for in the source (past markers and fences)
-# A math span of up to 4,000 characters: an unclosed delimiter costs a bounded look ahead. A
-# single $ follows Pandoc's rule, so that prices stay text ("$18 and $20"): no space inside either
-# dollar, none of it across lines, and no digit right after the closing one.
-MATH = re.compile(r"\\\((.{1,4000}?)\\\)|\\\[(.{1,4000}?)\\\]|\$\$(.{1,4000}?)\$\$"
-                  r"|\$(?![\s$])([^\n$]{1,400}?)(?<![\s\\])\$(?!\d)", re.DOTALL)
-MATH_OPEN = {1: "\\(", 2: "\\[", 3: "$$", 4: "$"}  # by the pattern's group
-MATH_CLOSE = {"\\(": "\\)", "\\[": "\\]", "$$": "$$", "$": "$"}
-# What reasoning models (Qwen3, DeepSeek-R1's distillations) write around their thinking
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-def _math_rule(state: StateInline, silent: bool) -> bool:
-    """A math span anywhere in a paragraph: models open display math mid-paragraph, where a
-    block rule cannot see it. Runs before the escape rule, which would make \\[ a plain [."""
-    match = MATH.match(state.src, state.pos) if state.src[state.pos] in "\\$" else None
-    if match is None or not match.group(match.lastindex).strip():
-        return False
-    if not silent:
-        token = state.push("math", "", 0)
-        token.content, token.markup = match.group(match.lastindex), MATH_OPEN[match.lastindex]
-    state.pos = match.end()
-    return True
-
-
-def _render_math(self, tokens, index: int, options, env) -> str:
-    return f'<tex-math open="{escape(tokens[index].markup)}">{escape(tokens[index].content)}</tex-math>'
-
-
-MARKDOWN = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
-MARKDOWN.inline.ruler.before("escape", "math", _math_rule)
-MARKDOWN.add_render_rule("math", _render_math)
 
 
 @dataclass(frozen=True)
@@ -67,28 +34,6 @@ class RenderOptions:
     theme: Theme
     colouring: bool = True
     ghosts: bool = False  # show rejected draft tokens
-
-
-def token_href(message_index: int, token_index: int) -> str:
-    return f"tok:{message_index}:{token_index}"
-
-
-def parse_href(href: str) -> tuple[int, int] | None:
-    if not href.startswith("tok:"):
-        return None
-    _, message_index, token_index = href.split(":")
-    return int(message_index), int(token_index)
-
-
-def action_href(action: str, message_index: int, extra: int = 0) -> str:
-    return f"act:{action}:{message_index}:{extra}"
-
-
-def parse_action(href: str) -> tuple[str, int, int] | None:
-    if not href.startswith("act:"):
-        return None
-    _, action, message_index, extra = href.split(":")
-    return action, int(message_index), int(extra)
 
 
 def token_owners(tokens: list[TokenRecord]) -> list[int]:
@@ -278,28 +223,6 @@ def markdown_html(message_index: int, text: str, owners: list[int], tokens: list
     return "".join(colourer.out)
 
 
-def thinking_span(text: str) -> tuple[int, int] | None:
-    """Where an answer's thinking lies (its text, without the markers): from a <think> that opens
-    the answer to its </think> (or the end, while it thinks), or from the start to a </think> that
-    begins a line (DeepSeek-R1's template opens the thinking in the prompt; a </think> within a
-    line is an answer's mention of the tag). None: no thinking."""
-    opening = len(text) - len(text.lstrip())
-    if text.startswith(THINK_OPEN, opening):
-        start = opening + len(THINK_OPEN)
-        end = text.find(THINK_CLOSE, start)
-        return start, end if end >= 0 else len(text)
-    end = text.find("\n" + THINK_CLOSE)
-    return (0, end + 1) if end >= 0 else None
-
-
-def without_thinking(text: str) -> str:
-    """An answer as copied: its thinking left out (kept while the model is still thinking)."""
-    span = thinking_span(text)
-    if span is None or not text.startswith(THINK_CLOSE, span[1]):
-        return text
-    return text[span[1] + len(THINK_CLOSE):].lstrip("\n")
-
-
 def answer_part_html(message_index: int, text: str, owners: list[int], tokens: list[TokenRecord],
                      options: RenderOptions, start: int = 0, end: int | None = None, first_code_block: int = 0) -> str:
     """text[start:end] of an answer as HTML (owners[i]: the token of text[i]): a reasoning model's
@@ -325,98 +248,5 @@ def answer_part_html(message_index: int, text: str, owners: list[int], tokens: l
     return "".join(parts)
 
 
-def code_blocks(text: str) -> list[str]:
-    """The code of each fenced or indented block of a Markdown text, in order (for copying)."""
-    return [token.content for token in MARKDOWN.parse(text) if token.type in ("fence", "code_block")]
-
-
 def answer_html(message_index: int, tokens: list[TokenRecord], options: RenderOptions) -> str:
     return answer_part_html(message_index, "".join(t.text for t in tokens), token_owners(tokens), tokens, options)
-
-
-FINISH_TEXT = {FinishReason.STOP: "done", FinishReason.LENGTH: "length limit", FinishReason.CONTEXT: "context full",
-               FinishReason.CANCELLED: "stopped", FinishReason.INTERRUPTED: "interrupted"}
-
-
-def stats_line(stats: AnswerStats | None) -> str:
-    if not stats:
-        return ""
-    parts = [stats.mode, f"{stats.emitted} tokens", f"{stats.tokens_per_s:.2f} tok/s"]
-    if stats.first_token_seconds is not None:
-        parts.append(f"first token {stats.first_token_seconds:.2f} s")
-    if stats.drafted:
-        parts.append(f"acceptance {stats.acceptance_rate:.0%}")
-        parts.append(f"mean accepted length {stats.mean_accepted_length:.2f}")
-    if stats.finish is not None:
-        parts.append(FINISH_TEXT[stats.finish])
-    return " · ".join(p for p in parts if p)
-
-
-def comparison_html(comparison: Comparison) -> str:
-    """Compare's result in one line: both decoding speeds, the speedup, and whether the texts agree."""
-    same = ("<b>identical texts</b>" if comparison.identical else
-            f"<b>texts differ from character {comparison.first_difference}</b> "
-            "(expected only when sampling with temperature > 0)")
-    return (f"speculative {comparison.speculative_tokens_per_s:.2f} tok/s vs plain "
-            f"{comparison.plain_tokens_per_s:.2f} tok/s decoding: <b>{comparison.speedup:.2f}x</b>, {same}")
-
-
-def _links(theme: Theme, *links: tuple[str, str]) -> str:
-    return "&nbsp;&nbsp;".join(f'<a href="{href}" style="color:{theme.link}">{label}</a>' for label, href in links)
-
-
-def message_header_html(index: int, message: Message, options: RenderOptions, last: bool, streaming: bool) -> str:
-    theme = options.theme
-    if message.role == "user":
-        actions = _links(theme, ("edit", action_href("edit", index)), ("copy", action_href("copy", index)))
-        return f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>You</b>&nbsp;&nbsp;<small>{actions}</small></p>'
-    if streaming:
-        return f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>Assistant</b>&nbsp;&nbsp;<small>writing...</small></p>'
-    links = [("copy", action_href("copy", index))]
-    if last:
-        links.append(("regenerate", action_href("regenerate", index)))
-        if message.stopped_early:
-            links.append(("continue", action_href("continue", index)))
-    if len(message.versions) > 1:
-        if message.shown > 0:
-            links.append(("&lsaquo;", action_href("version", index, message.shown - 1)))
-        links.append((f"{message.shown + 1}/{len(message.versions)}", action_href("version", index, message.shown)))
-        if message.shown < len(message.versions) - 1:
-            links.append(("&rsaquo;", action_href("version", index, message.shown + 1)))
-    return (f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>Assistant</b>&nbsp;&nbsp;'
-            f'<small>{escape(stats_line(message.stats))}&nbsp;&nbsp;{_links(theme, *links)}</small></p>')
-
-
-def message_html(index: int, message: Message, options: RenderOptions, last: bool = False) -> str:
-    """One finished message: header, body, and Compare's card under an answer that has one."""
-    theme = options.theme
-    header = message_header_html(index, message, options, last, streaming=False)
-    if message.role == "user":
-        return (header + f'<table width="100%" cellpadding="8" bgcolor="{theme.user_bubble}"><tr><td>'
-                f'<p style="white-space:pre-wrap;margin:0">{escape(message.content)}</p></td></tr></table>')
-    body = (answer_html(index, message.tokens, options) if message.tokens
-            else f'<p style="white-space:pre-wrap">{escape(message.content)}</p>')
-    card = ""
-    if message.stats and message.stats.comparison:
-        card = (f'<table cellpadding="6" style="margin:4px 0" bgcolor="{theme.code_background}"><tr><td>'
-                f'<small>Compare: {comparison_html(message.stats.comparison)}</small></td></tr></table>')
-    return header + body + card
-
-
-def unanswered_html(index: int, options: RenderOptions) -> str:
-    return (f'<p style="color:{options.theme.muted}"><i>No answer yet.</i> '
-            f'<a href="{action_href("answer", index)}" style="color:{options.theme.link}">Answer it</a></p>')
-
-
-def body_start(options: RenderOptions) -> str:
-    return f'<body style="color:{options.theme.text};background:{options.theme.background}">'
-
-
-def conversation_html(messages: list[Message], options: RenderOptions) -> str:
-    out = [body_start(options)]
-    for index, message in enumerate(messages):
-        out.append(message_html(index, message, options, last=index == len(messages) - 1))
-    if messages and messages[-1].role == "user":
-        out.append(unanswered_html(len(messages) - 1, options))
-    out.append("</body>")
-    return "".join(out)

@@ -12,7 +12,7 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from ..files import written_whole
-from ..tokenizer_cache import folder_tokenizer
+from ..models.shared_tokenizers import folder_tokenizer
 from . import skeleton
 from .memory import read_in_huge_pages
 from .modules import LowBitEmbedding, LowBitLinear, _Packed, fuse_projections

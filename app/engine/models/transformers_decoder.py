@@ -1,31 +1,28 @@
-"""A causal LM with its KV cache; rollback is cropping the cache to a committed length.
-
-Both cached models (this one and lean_decoder.LeanDecoder) remember which tokens their cache
-holds and copy it out and back (snapshot, restore), so a request can keep what earlier ones
-left (prefix_cache.keep_prefix)."""
+"""A model that transformers runs, with its KV cache (a Decoder, see decoder.py): every float
+model, and low-bit architectures the lean decoder does not know. Rollback crops the cache."""
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
 
-from .memory_check import cache_bytes_per_token
-from .prefix_cache import PrefixStore, Snapshot
+from ..memory_check import cache_bytes_per_token
+from ..kv.kept_prefixes import PrefixStore, Snapshot
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-class CachedModel:
+class TransformersDecoder:
+    cache_dtype = None  # transformers' own cache, in the model's dtype
+
     def __init__(self, model: PreTrainedModel, vocab_width: int | None = None) -> None:
         self.model = model
         self.device = model.device
         # Logits beyond the shared vocabulary (embedding padding) are never real tokens.
         self.vocab_width = vocab_width
         self.prefixes = PrefixStore()
-        self.saved = None  # its copies on disk (saved_prefixes.SavedPrefixes), where the app keeps them
+        self.saved = None  # its copies on disk, where the engine keeps them
         # On the CPU a verified token's attention is computed as decoding it alone computes it
         # (exact_attention): with the low-bit kernel's batch-invariant linears, greedy speculative
         # output then equals plain output. A GPU keeps one call for all rows (its matrix products
@@ -108,39 +105,3 @@ class CachedModel:
         for index, (keys, values) in enumerate(snapshot.state):
             self.cache.update(keys.clone(), values.clone(), index)
         self.ids = list(snapshot.ids)
-
-
-def cached(model: PreTrainedModel, vocab_width: int | None = None, cache_dtype: torch.dtype | None = None):
-    """The cached forward a model runs with: the lean decoder for low-bit Llama/Qwen2/Qwen3/Gemma 3
-    models (cache_dtype: its native KV cache's, see lean_decoder), transformers' own forward
-    otherwise (every float model: the reference path)."""
-    from . import lean_decoder
-    from .lowbit.modules import LowBitLinear
-
-    if lean_decoder.supports(model) and any(isinstance(m, LowBitLinear) for m in model.modules()):
-        return lean_decoder.LeanDecoder(model, vocab_width, cache_dtype)
-    return CachedModel(model, vocab_width)
-
-
-def pass_seconds(model, sizes: Iterable[int], vocabulary=None, context: int = 32, repeats: int = 2) -> dict[int, float]:
-    """Seconds of one cached forward over n new tokens after `context` cached ones (best of
-    `repeats`), for each n in `sizes`; with a draft's vocabulary, as the draft runs. The context
-    is fed once and each pass rolled back, so the timing costs little more than the passes
-    themselves; the cache is left empty. Each round times every size once: a slow moment of
-    the machine (its memory bandwidth moves by a third here from minute to minute) then slows
-    one round of all sizes, not all repeats of one size, and the sizes' ratios stay fair."""
-    over = {} if vocabulary is None else {"vocabulary": vocabulary}
-    vocab = model.model.config.vocab_size
-    model.reset()
-    model.feed(torch.arange(context) % vocab)
-    seconds = {}
-    for _ in range(repeats):
-        for n in sizes:
-            model.rollback(context)
-            start = time.perf_counter()
-            model.forward(torch.arange(n) % vocab, keep=n, **over)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds[n] = min(seconds.get(n, float("inf")), time.perf_counter() - start)
-    model.reset()
-    return seconds

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .files import private_folder, remove_abandoned, replaced
-from .prefix_cache import MIN_TOKENS, Snapshot
+from ..files import private_folder, remove_abandoned, replaced
+from .kept_prefixes import MIN_TOKENS, Snapshot
 
 BLOCK = 64  # copies are matched a block at a time: at most BLOCK - 1 of their tokens are read again
 MAX_TOKENS = 8192  # per model: 235 MB for the default target, 100 MB for its draft

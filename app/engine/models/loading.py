@@ -26,19 +26,19 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from . import default_models, prepared
-from .files import remove_abandoned, written_whole
-from .choices import Precision
+from . import defaults as default_models, prepared_copies as prepared
+from ..files import remove_abandoned, written_whole
+from ..choices import Precision
 from .cpu_linear import model_bytes, pack_linears, quantize_linears_int8
-from .errors import IncompatibleModelsError, ModelError, in_one_line
-from .lowbit import gguf_check
-from .lowbit import store as lowbit_store
-from .lowbit.cpu import machine_isa
-from .lowbit.kernel import KERNEL_NAMES, build_in_background, why_not_native
-from .lowbit.memory import give_back_freed_memory
-from .lowbit.modules import quantize_model
-from .memory_check import check_fits
-from .tokenizer_cache import folder_tokenizer
+from ..errors import IncompatibleModelsError, ModelError, in_one_line
+from ..lowbit import gguf_check
+from ..lowbit import prepared_tensors as lowbit_store
+from ..lowbit.cpu import machine_isa
+from ..lowbit.kernel import KERNEL_NAMES, build_in_background, why_not_native
+from ..lowbit.memory import give_back_freed_memory
+from ..lowbit.modules import quantize_model
+from ..memory_check import check_fits
+from .shared_tokenizers import folder_tokenizer
 
 if TYPE_CHECKING:  # transformers' modeling code takes seconds to import: only where a load needs it
     from transformers import PreTrainedModel
@@ -51,7 +51,13 @@ class LoadedModel:
     name: str
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    precision: str = "fp32"  # what runs, in words for the UI and the benchmarks
+    precision: str = "fp32"  # what the weights are ("lowbit", "3bit", "8bit", "bfloat16", "int8", "fp32")
+    runs_on: str = ""  # the low-bit layers' kernel in words ("AVX2 kernel", or "slow path: why"); "" elsewhere
+
+    @property
+    def label(self) -> str:
+        """The precision and what runs it, for the UI and the benchmarks ("3bit, AVX2 kernel")."""
+        return f"{self.precision}, {self.runs_on}" if self.runs_on else self.precision
 
     @property
     def context_length(self) -> int:
@@ -122,10 +128,10 @@ def load_model(
             model, tokenizer = _load_low_bit(source, packaged, precision, report, held)
             slow_path = why_not_native()
             kernel_name = KERNEL_NAMES.get(machine_isa())
-            kernel_note = (f", slow path: {slow_path}" if slow_path is not None
-                           else f", {kernel_name} kernel" if kernel_name else "")
+            runs_on = (f"slow path: {slow_path}" if slow_path is not None
+                       else f"{kernel_name} kernel" if kernel_name else "")
             shown = "8bit" if precision is Precision.LOWBIT and prepared.float_model(source) else precision.value
-            return LoadedModel(name, model, tokenizer, f"{shown}{kernel_note}")
+            return LoadedModel(name, model, tokenizer, shown, runs_on)
         if on_cpu:
             check_fits(name, None if packaged else Path(source).expanduser(), None, precision, prepared=False, held=held)
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
@@ -201,7 +207,7 @@ def _repacked_gguf(packaged: default_models.PackagedGGUF | None, path: Path | No
         packaged, cache_dir() / f"{packaged.name}.gguf", lambda stage, f: report(stage, f)
     ) if packaged else path
     report(f"Repacking {name} (first start only)", None)
-    from .lowbit.loader import load_gguf_lowbit
+    from ..lowbit.loader import load_gguf_lowbit
 
     try:
         model = load_gguf_lowbit(gguf_path, bits, lambda f: report(f"Repacking {name}", f),
@@ -217,7 +223,7 @@ def _quantized_folder(folder: Path, bits: int, feed_forward_bits: int | None,
                       report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A model folder quantized one tensor at a time, or, where its checkpoint does not map onto the
     model's parameters one to one, read whole as float32 and quantized."""
-    from .lowbit.folder_loader import NotStreamable, load_folder_lowbit
+    from ..lowbit.folder_loader import NotStreamable, load_folder_lowbit
 
     label = f"Quantizing {folder.name} to {bits} bits (first start only)"
     report(label, None)
@@ -270,7 +276,7 @@ def _from_pretrained(*args, **kwargs) -> PreTrainedModel:
     float model is loaded (a cached low-bit model needs none of it)."""
     from transformers import AutoModelForCausalLM
 
-    from .lowbit import skeleton
+    from ..lowbit import skeleton
 
     model = AutoModelForCausalLM.from_pretrained(*args, trust_remote_code=False, **kwargs)
     skeleton.divide_rope_frequencies(model)  # a folder dequantized from a Llama 3.1+ GGUF
@@ -328,12 +334,12 @@ def _dequantized(gguf_path: Path, folder: Path, name: str, report: Progress) -> 
     if (folder / "config.json").is_file():
         return folder
     report(f"Dequantizing {name} (first start only, about a minute)", None)
-    from .lowbit import gguf_file, loader
+    from ..lowbit import gguf_file, loader
 
     try:
-        with gguf_file.shared_reader(gguf_path) as reader:  # one parse for the model and its rotary divisors
-            model = _from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
-            loader.take_rope_divisors(model, reader)
+        reader = gguf_file.parse(gguf_path)  # checked first; then transformers reads it its own way
+        model = _from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        loader.take_rope_divisors(model, reader)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
     except ModelError:  # refused by the structural check (gguf_file.parse): its own line
         raise

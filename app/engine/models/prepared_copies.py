@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from . import default_models
-from .choices import Precision
-from .files import cache_root, is_partial, write_text
+from . import defaults as default_models
+from ..choices import Precision
+from ..files import cache_root, is_partial, write_text
 
 NOTE = "specchat_source.json"
 
