@@ -7,10 +7,8 @@ import time
 
 from .chat.detokenize import IncrementalDecoder
 from .chat.prompt import chat_prompt_ids
-from .engine.engine import GenerationOptions, SpeculativeEngine
-from .engine.errors import ModelError, PromptTooLongError
-from .engine.models.loading import load_model, pick_device
-from .engine.steps import FinishReason, Source
+from .engine.api import (FinishReason, GenerationOptions, ModelError, ModelPool, PromptTooLongError, Source,
+                         SpeculativeEngine)
 from .engine.flags import chat_options, load_options
 
 # Okabe-Ito-like colours that stay apart for colour-blind readers.
@@ -29,20 +27,18 @@ def printable(text: str) -> str:
 
 
 def run_terminal_chat(args: argparse.Namespace) -> int:
-    device, dtype, why = pick_device()
-    print(f"SpecChat (terminal) on {why}", file=sys.stderr)
     progress = lambda stage, fraction: print(
         f"  {stage}" + (f" {fraction:.0%}" if fraction is not None else ""), file=sys.stderr, flush=True)
+    models = ModelPool()  # as the window loads them
     try:
-        draft = load_model(args.draft, device, dtype, progress, precision=args.draft_precision)
-        target = load_model(args.target, device, dtype, progress, precision=args.precision)
-        engine = SpeculativeEngine.for_pair(target, draft, args.draft_vocabulary, load_options(args).kv_cache_dtype)
-        if engine.draft_refused:  # as the window: the target alone, by prompt lookup
-            print(f"note: {engine.draft_refused}; {target.name} runs alone, speculating by prompt lookup",
-                  file=sys.stderr)
+        engine = models.engine(models.request(), load_options(args), progress)
     except ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    target = engine.target
+    print(f"SpecChat (terminal) on {models.device_text}", file=sys.stderr)
+    if engine.draft_refused:  # as the window: the target alone, by prompt lookup
+        print(f"note: {engine.draft_refused}; {target.name} runs alone, speculating by prompt lookup", file=sys.stderr)
     colour = sys.stdout.isatty()
     legend = " ".join(f"{ANSI[s]}{s.value}{RESET}" for s in Source) if colour else ""
     drafting = f"draft {engine.draft.name}: {engine.draft.label}" if engine.draft else "no draft model"

@@ -101,7 +101,7 @@ def test_the_terminal_chat_continues_an_answer_cut_short(tiny_target, tiny_draft
     from app import terminal
 
     # the tiny models as loaded (their tokenizer does not survive a round trip through a folder)
-    monkeypatch.setattr(terminal, "load_model", lambda source, *args, **kwargs: {"t": tiny_target, "d": tiny_draft}[source])
+    monkeypatch.setattr("app.engine.models.loading.load_model", lambda source, *args, **kwargs: {"t": tiny_target, "d": tiny_draft}[source])
 
     def chat(lines: list[str], budget: int) -> tuple[str, str]:
         typed = iter(lines)
@@ -126,7 +126,7 @@ def test_the_terminal_chat_runs_a_target_of_another_family_alone(tiny_target, mo
     from tests.tiny import tiny_model
 
     foreign = tiny_model(seed=3, vocab_size=64, prefix="w")
-    monkeypatch.setattr(terminal, "load_model", lambda source, *args, **kwargs: {"t": tiny_target, "f": foreign}[source])
+    monkeypatch.setattr("app.engine.models.loading.load_model", lambda source, *args, **kwargs: {"t": tiny_target, "f": foreign}[source])
     outputs = []
     for speculative in ("--speculative", "--no-speculative"):
         typed = iter(["t5 t9 t2", ""])
