@@ -293,6 +293,8 @@ class MainWindow(QMainWindow):
                 log.info("message of %d characters waits for the models", len(text))
                 self.statusBar().showMessage("The models are still loading: your message is sent as soon as they are "
                                              "ready (Esc keeps it here).")
+            else:
+                self.statusBar().showMessage("No models are loaded; your message stays in the box.", 5000)
             return
         log.info("message of %d characters sent", len(text))
         self.composer.clear()
