@@ -1,5 +1,5 @@
 """Command line: `python -m app` opens the window; `python -m app chat` chats in the terminal;
-`python -m app bench speed ...` benchmarks."""
+`python -m app serve` serves an OpenAI-compatible API; `python -m app bench speed ...` benchmarks."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--repeat-last-n", type=int, default=DEFAULTS.sampling.repeat_last_n)
     chat.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=True,
                       help="off: a reasoning model whose chat template can switch thinking off (Qwen3) answers directly")
+    serve = commands.add_parser("serve", help="serve an OpenAI-compatible API (with per-token provenance)")
+    add_engine_arguments(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (any but loopback needs a key)")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--api-key", help="the key clients must send (default: SPECCHAT_API_KEY; none on loopback)")
+    serve.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens,
+                       help="an answer's length when a request does not say")
+    serve.add_argument("--queue", type=int, default=16, help="requests that may wait for their turn")
     bench = commands.add_parser("bench", help="headless benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     speed_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # a value out of range is refused before the models load, not after
         if args.command == "chat":
             chat_options(args)
-        elif args.command == "bench" and hasattr(args, "temperature"):
+        elif args.command == "serve" or args.command == "bench" and hasattr(args, "temperature"):
             generation_options(args)
     except ValueError as error:
         parser.error(str(error))
@@ -74,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "serve":
+        from .serve.command import run_server
+
+        return run_server(args)
     if args.command == "chat":
         from .terminal import run_terminal_chat
 

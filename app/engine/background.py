@@ -32,30 +32,43 @@ def in_thread(name: str, work: Callable[[], Result]) -> asyncio.Future[Result]:
     return future
 
 
-async def steps_of(name: str, steps: Callable[[], Iterator], cancel: threading.Event) -> AsyncIterator:
-    """The items of the iterator steps() makes, computed on a thread of its own and handed to the
-    running loop as they come (an error of the iterator is raised here). A consumer that leaves
-    early (a closed window, a cancelled task) sets `cancel`; the iterator stops at its next check."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
+class steps_of:  # noqa: N801 (used as a function: `async for step in steps_of(...)`)
+    """The items of the iterator steps() makes, computed on a thread of its own, which starts now,
+    and handed to the running loop as they come (an error of the iterator is raised here).
 
-    def run() -> None:
-        try:
-            for item in steps():
-                call_soon(loop, queue.put_nowait, item)
-            call_soon(loop, queue.put_nowait, _DONE)
-        except BaseException as error:
-            call_soon(loop, queue.put_nowait, error)
+    A consumer that leaves early (a closed window, a client gone) sets `cancel`, and the iterator
+    stops at its next check. on_end() runs on the loop once the thread has ended, whatever the
+    consumer did meanwhile: what frees the engine for the next request belongs there, not in a
+    coroutine's `finally`, which a cancellation may cut short."""
 
-    thread = threading.Thread(target=run, name=f"specchat-{name}", daemon=True)
-    thread.start()
-    try:
-        while (item := await queue.get()) is not _DONE:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        cancel.set()  # a no-op after the end; else the thread stops within one step
+    def __init__(self, name: str, steps: Callable[[], Iterator], cancel: threading.Event,
+                 on_end: Callable[[], None] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        self._items: asyncio.Queue = asyncio.Queue()
+
+        def run() -> None:
+            try:
+                for item in steps():
+                    call_soon(loop, self._items.put_nowait, item)
+                call_soon(loop, self._items.put_nowait, _DONE)
+            except BaseException as error:
+                call_soon(loop, self._items.put_nowait, error)
+            finally:
+                if on_end is not None:
+                    call_soon(loop, on_end)
+
+        threading.Thread(target=run, name=f"specchat-{name}", daemon=True).start()
+
+    def __aiter__(self) -> AsyncIterator:
+        return self
+
+    async def __anext__(self):
+        item = await self._items.get()
+        if item is _DONE:
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
 
 def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable, *args) -> None:
