@@ -1053,3 +1053,42 @@ def test_text_size_is_set_from_the_view_menu_and_kept(qtbot, make_window):
     assert window.text_size == -4 and sizes(window) == (base - 4, base - 4)
     actions["Normal text size"].trigger()
     assert sizes(window) == (base, base)
+
+
+def test_the_window_serves_its_models_while_it_chats(qtbot, make_window):
+    """Chat > Serve on localhost: the API runs on the window's loop over the window's models; an API
+    request and the window's own message take turns, and both answer as the engine does alone."""
+    import socket
+
+    import httpx
+
+    from app.chat.prompt import chat_prompt_ids
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    window = make_window(server_port=port)
+    window.server.action.setChecked(True)
+    asked = [{"role": "user", "content": "t5 t9 t2"}]
+    result = {}
+
+    def ask() -> None:
+        result["response"] = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
+                                        json={"messages": asked, "temperature": 0, "max_tokens": 12})
+
+    client = threading.Thread(target=ask)
+    client.start()
+    answer = send_and_wait(qtbot, window, "t1 t2")  # the window chats meanwhile
+    qtbot.waitUntil(lambda: "response" in result, timeout=60_000)
+    client.join()
+    response = result["response"]
+    assert response.status_code == 200, response.text
+    engine = window.controller.engine
+    served = [token["id"] for token in response.json()["choices"][0]["provenance"]]
+    plain = GenerationOptions(speculative=False, max_new_tokens=12)
+    expected = [t.id for s in engine.generate(chat_prompt_ids(engine.target.tokenizer, asked), plain) for t in s.tokens]
+    assert served == expected and answer.tokens
+    qtbot.waitUntil(lambda: "1 request" in window.server.label.text(), timeout=5_000)
+    assert window.server.url in window.server.label.text()
+    window.server.action.setChecked(False)
+    qtbot.waitUntil(lambda: not window.server.label.isVisible(), timeout=5_000)

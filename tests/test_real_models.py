@@ -57,3 +57,49 @@ def test_mismatched_vocabulary_is_refused(real_pair):
     _, target = real_pair
     with pytest.raises(ModelError, match=r"draft's tokenizer has 96 tokens, the target's 151,936"):
         SpeculativeEngine(target, tiny_model(seed=3, vocab_size=96))
+
+
+def test_the_served_default_pair_answers_as_the_engine_does(real_engine):
+    """`python -m app serve` as a user starts it: a streamed greedy chat completion answers 2+3
+    with 5, every chunk's tokens labelled, and its tokens are the engine's plain greedy output."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+    import openai
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port)], cwd=Path(__file__).parents[1],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "SPECCHAT_API_KEY": ""})
+    try:
+        deadline = time.monotonic() + 300
+        question = [{"role": "user", "content": "What is 2+3? Answer with the number only."}]
+        while True:  # 503 while the models load
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()[-3000:]
+            try:
+                if httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                              json={"messages": question, "max_tokens": 1}).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        chunks = list(client.chat.completions.create(model="default", messages=question, temperature=0,
+                                                     max_tokens=16, stream=True))
+    finally:
+        server.terminate()
+        server.wait(30)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    provenance = [token for chunk in chunks if chunk.choices for token in chunk.choices[0].model_extra["provenance"]]
+    assert text.strip() == "5" and provenance
+    assert {token["source"] for token in provenance} <= {"accepted", "corrected", "bonus", "plain"}
+    prompt = chat_prompt_ids(real_engine.target.tokenizer, question)
+    assert [token["id"] for token in provenance] == generated_ids(real_engine, prompt, speculative=False,
+                                                                   max_new_tokens=16)

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from app.chat.prompt import chat_prompt_ids
-from app.engine.api import GenerationOptions, SpeculativeEngine
+from app.engine.api import GenerationOptions, SpeculativeEngine, Turns
 from app.serve.command import is_loopback
 from app.serve.server import ServerState, create_app
 from tests.tiny import tiny_model
@@ -47,7 +47,7 @@ def serve():
 
     def start(engine, key=None, queue=16, **defaults):
         options = GenerationOptions(k=3, adaptive=False, max_new_tokens=24, **defaults)
-        running.append(RunningServer(ServerState(lambda: engine, "tiny", options, key, queue)))
+        running.append(RunningServer(ServerState(lambda: engine, "tiny", options, key, Turns(queue))))
         return running[-1]
 
     yield start
@@ -62,6 +62,10 @@ def engine():
 
 
 def plain_ids(engine, prompt_ids, max_new_tokens=24):
+    """The engine's own plain output, asked directly once the server's last answer has let go of it
+    (a response goes out with its last step, a moment before the engine's thread ends)."""
+    assert engine._busy.acquire(timeout=10)
+    engine._busy.release()
     options = GenerationOptions(speculative=False, max_new_tokens=max_new_tokens)
     return [token.id for step in engine.generate(prompt_ids, options) for token in step.tokens]
 
@@ -165,7 +169,7 @@ def test_a_full_queue_gets_429_and_a_client_that_leaves_frees_the_engine(engine,
     """One answer runs, one waits, a third is refused with Retry-After; the running one's client
     leaves mid-stream, and the waiting one starts within a step."""
     server = serve(engine, queue=1)
-    queue = server.app.state.queue
+    queue = server.app.state.turns
     long = {"messages": QUESTION, "temperature": 0, "max_tokens": 3500, "stream": True}
     with httpx.Client(timeout=60) as first_client:
         with first_client.stream("POST", f"{server.url}/v1/chat/completions", json=long) as first:
@@ -207,7 +211,7 @@ def test_concurrent_clients_are_each_served_or_refused(engine, serve):
     for client in clients:
         client.join(180)
     assert len(results) == 24 and set(results) <= {200, 429} and 200 in results, results
-    assert server.app.state.queue.waiting == 0 and not engine._busy.locked()
+    assert server.app.state.turns.waiting == 0 and not engine._busy.locked()
     again = server.client().chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=24)
     assert [t["id"] for t in again.choices[0].model_extra["provenance"]] == plain_ids(
         engine, chat_prompt_ids(engine.target.tokenizer, QUESTION))

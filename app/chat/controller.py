@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..engine.api import (GenerationOptions, LoadOptions, ModelError, ModelPool, PromptTooLongError, in_thread,
+from ..engine.api import (GenerationOptions, LoadOptions, ModelError, ModelPool, PromptTooLongError, Turns, in_thread,
                           load_tokenizer, noted_precision, noted_source, steps_of, vocabulary_mismatch)
 from .events import Event
 from .prompt import chat_prompt_ids, switches_thinking
@@ -48,6 +48,7 @@ class ChatController:
         self.models = ModelPool(load, saved_caches, load_marker=store.path.parent / "loading.json")
         self.session = ChatSession(store)
         self.engine: SpeculativeEngine | None = None
+        self.turns = Turns()  # shared with a local server's requests: one job on the engine at a time
         self.loading = False  # models are being loaded for the latest choice
         self.loaded_options: LoadOptions | None = None  # the choice that last loaded: a failed one goes back to it
         self._cancel = threading.Event()  # the running answer's
@@ -271,10 +272,15 @@ class ChatController:
         return True
 
     async def _generate(self, engine: SpeculativeEngine, request: Request, cancel: threading.Event) -> None:
-        await self._end_reading_ahead()  # it stops within one pass; the engine runs one job at a time
+        self.turns.reserve(always=True)
+        await self.turns.take()  # after the server's requests that came first
+        released = False
         try:
-            async for step in steps_of("generate", lambda: engine.generate(request.prompt_ids, request.options,
-                                                                            cancel), cancel):
+            await self.make_room()
+            steps = steps_of("generate", lambda: engine.generate(request.prompt_ids, request.options, cancel), cancel,
+                             on_end=self.turns.release)
+            released = True  # by steps_of, once the engine's thread ends
+            async for step in steps:
                 if self._closed:
                     return
                 self.session.add_step(step)
@@ -285,6 +291,8 @@ class ChatController:
             traceback.print_exc()
             self.error.emit("Generation failed", str(error))
         finally:
+            if not released:
+                self.turns.release()
             if not self._closed:
                 changed = self.session.finish()
                 self._report_save_errors()
@@ -299,7 +307,7 @@ class ChatController:
     def read_ahead(self, text: str, replacing: int | None = None) -> None:
         """Lets the models read the message typed so far into their caches, as sending it would give
         it to them (SpeculativeEngine.read_ahead), after stopping the read-ahead before it."""
-        if not text or not self.ready:
+        if not text or not self.ready or self.turns.busy:
             return
         engine = self.engine
         prompt_ids = self.session.prompt_ids_for(text, engine, replacing=replacing)
@@ -324,7 +332,8 @@ class ChatController:
         cancel.set()
         return task
 
-    async def _end_reading_ahead(self) -> None:
+    async def make_room(self) -> None:
+        """Stops the read-ahead and waits for it (within one pass): the engine runs one job at a time."""
         task = self._stop_reading_ahead()
         self._reading_ahead = None
         if task is not None:

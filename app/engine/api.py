@@ -18,6 +18,7 @@ from .model_pool import ModelPool
 from .models.prepared_copies import PreparedCopy, age_in_words, float_model, noted_precision, noted_source
 from .models.prepared_copies import copies as prepared_copies, delete as delete_prepared_copy, folder as prepared_folder
 from .steps import EmittedToken, FinishReason, Source, Stats, Step
+from .turns import QueueFull, Turns
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -31,7 +32,7 @@ __all__ = [
     "ModelError", "ModelPool", "Precision", "PreparedCopy", "PromptTooLongError", "ProposerKind", "SamplingParams",
     "Source", "SpeculativeEngine", "Stats", "Step", "age_in_words", "cache_root", "delete_prepared_copy",
     "float_model", "in_one_line", "in_thread", "load_tokenizer", "noted_precision", "noted_source",
-    "prepared_copies", "prepared_folder", "private_folder", "steps_of", "vocabulary_mismatch",
+    "prepared_copies", "prepared_folder", "private_folder", "steps_of", "vocabulary_mismatch", "QueueFull", "Turns",
 ]
 
 

@@ -8,7 +8,7 @@ import ipaddress
 import os
 import sys
 
-from ..engine.api import ModelError, ModelPool, in_thread
+from ..engine.api import ModelError, ModelPool, Turns, in_thread
 from ..engine.flags import generation_options, load_options
 from .server import ServerState, create_app
 
@@ -32,7 +32,7 @@ def run_server(args: argparse.Namespace) -> int:
         return 2
     loaded = {}
     state = ServerState(lambda: loaded.get("engine"), args.target,
-                        generation_options(args, max_new_tokens=args.max_new_tokens), key, args.queue)
+                        generation_options(args, max_new_tokens=args.max_new_tokens), key, Turns(args.queue))
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning"))
     progress = lambda stage, fraction: print(f"  {stage}" + (f" {fraction:.0%}" if fraction is not None else ""),
                                              file=sys.stderr, flush=True)

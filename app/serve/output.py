@@ -55,7 +55,8 @@ class RequestOutput:
         else:
             keep = len(waiting) if final else max(len(waiting) - self.hold, 0)
         released, taken = Released(), 0
-        while self.pending and taken < keep:
+        everything = final and cut is None  # the end token too, whose text is empty
+        while self.pending and (taken < keep or everything):
             entry = self.pending[0]
             if taken + len(entry["text"]) > keep:
                 if not final:

@@ -9,72 +9,44 @@ loaded yet 503. A client that leaves stops its answer at the next step.
 """
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..chat.prompt import chat_prompt_ids
-from ..engine.api import GenerationOptions, PromptTooLongError, SpeculativeEngine, steps_of
+from ..engine.api import GenerationOptions, PromptTooLongError, QueueFull, SpeculativeEngine, Turns, steps_of
 from .output import RequestOutput
 from .requests import ApiError, CompletionRequest, parse
 
 MAX_BODY_BYTES = 4 * 2**20  # a long document pasted into a prompt fits; a runaway upload does not
-QUEUE_LIMIT = 16
-
-
-class TurnQueue:
-    """One request at the engine at a time, the others waiting in order (asyncio's lock is fair).
-    A request reserves its place when it arrives, so that a full queue is refused before a stream
-    starts: at most `limit` wait."""
-
-    def __init__(self, limit: int = QUEUE_LIMIT) -> None:
-        self.limit = limit
-        self.waiting = 0  # places reserved, turns not yet taken
-        self.served = 0
-        self._lock = asyncio.Lock()
-
-    def reserve(self) -> None:
-        if self.waiting >= self.limit:
-            raise ApiError(429, f"{self.waiting} requests are waiting for the model; try again shortly",
-                           "rate_limit_error", code="queue_full")
-        self.waiting += 1
-
-    async def take(self) -> None:
-        """Waits for the turn a reservation holds a place for (a cancelled wait gives the place up)."""
-        try:
-            await self._lock.acquire()
-        finally:
-            self.waiting -= 1
-
-    def release(self) -> None:
-        self.served += 1
-        self._lock.release()
 
 
 @dataclass
 class ServerState:
     """What the API serves: the engine once loaded (None before), its model's name, the
-    generation settings requests start from (speculation, k), and the key clients must send."""
+    generation settings requests start from (speculation, k), and the key clients must send.
+    turns: shared with whoever else uses the engine (the window's chat); make_room: awaited before
+    a request's turn starts (the window stops reading ahead)."""
 
     engine: Callable[[], SpeculativeEngine | None]
     model_name: str
-    defaults: GenerationOptions
+    defaults: GenerationOptions | Callable[[], GenerationOptions]  # a callable: the window's controls as they are
     api_key: str | None = None
-    queue_limit: int = QUEUE_LIMIT
+    turns: Turns = field(default_factory=Turns)
+    make_room: Callable[[], Awaitable[None]] | None = None
+    requests_served: int = 0
 
 
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="SpecChat", docs_url=None, redoc_url=None, openapi_url=None)
-    queue = TurnQueue(state.queue_limit)
-    app.state.queue = queue
+    app.state.turns = state.turns
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -108,7 +80,7 @@ def create_app(state: ServerState) -> FastAPI:
         if engine is None:
             raise ApiError(503, "the models are still loading; try again shortly", "server_error",
                            code="model_not_ready")
-        asked = parse(body, chat, state.defaults)
+        asked = parse(body, chat, state.defaults() if callable(state.defaults) else state.defaults)
         tokenizer = engine.target.tokenizer
         prompt_ids = (chat_prompt_ids(tokenizer, asked.messages) if chat else
                       asked.prompt_ids if asked.prompt_ids is not None else
@@ -123,7 +95,7 @@ def create_app(state: ServerState) -> FastAPI:
             raise ApiError(400, f"the prompt is {len(prompt_ids):,} tokens; the model's context holds {context:,}",
                            param="messages" if chat else "prompt", code="context_length_exceeded")
         options = replace(asked.options, max_new_tokens=min(asked.options.max_new_tokens, context - len(prompt_ids)))
-        answer = Answer(engine, queue, asked, prompt_ids, options, chat, state.model_name)
+        answer = Answer(engine, state, asked, prompt_ids, options, chat)
         if asked.stream:
             return StreamingResponse(answer.events(request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -153,32 +125,38 @@ async def _json_body(request: Request) -> dict:
 class Answer:
     """One request's turn at the engine, its steps turned into the API's chunks."""
 
-    def __init__(self, engine: SpeculativeEngine, queue: TurnQueue, asked: CompletionRequest, prompt_ids: list[int],
-                 options: GenerationOptions, chat: bool, model: str) -> None:
-        self.engine, self.queue, self.asked, self.prompt_ids, self.options = engine, queue, asked, prompt_ids, options
-        self.chat, self.model = chat, model
+    def __init__(self, engine: SpeculativeEngine, state: ServerState, asked: CompletionRequest, prompt_ids: list[int],
+                 options: GenerationOptions, chat: bool) -> None:
+        self.engine, self.state, self.asked, self.prompt_ids, self.options = engine, state, asked, prompt_ids, options
+        self.turns, self.chat, self.model = state.turns, chat, state.model_name
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.output = RequestOutput(engine.target.tokenizer, asked.stop)
         self._reserved = False
-        queue.reserve()  # 429 now, before a stream starts
+        try:
+            self.turns.reserve()  # 429 now, before a stream starts
+        except QueueFull as full:
+            raise ApiError(429, f"{full}; try again shortly", "rate_limit_error", code="queue_full") from None
         self._reserved = True
 
     def __del__(self) -> None:
         if self._reserved:  # a stream its client left before it began: its place goes back
-            self.queue.waiting -= 1
+            self.turns.give_back()
 
     async def _steps(self, request: Request) -> AsyncIterator:
         """What each step that emitted tokens lets out, until the answer ends. The turn passes on
         when the engine's thread ends, also when the client left and this coroutine was cancelled."""
         self._reserved = False
-        await self.queue.take()
+        self.state.requests_served += 1
+        await self.turns.take()
         cancel = threading.Event()
         try:
+            if self.state.make_room is not None:
+                await self.state.make_room()
             steps = steps_of("serve", lambda: self.engine.generate(self.prompt_ids, self.options, cancel), cancel,
-                             on_end=self.queue.release)
+                             on_end=self.turns.release)
         except BaseException:
-            self.queue.release()
+            self.turns.release()
             raise
         try:
             async for step in steps:

@@ -15,6 +15,7 @@ from ..chat.session import RequestKind
 from ..chat.store import ChatStore, StoreError
 from . import settings as window_settings
 from .event_loop import qt_event_loop
+from .local_server import LocalServer
 from .message_actions import MessageActions
 from .model_dialog import missing_reason
 from .model_loading import ModelLoading
@@ -55,6 +56,7 @@ class MainWindow(QMainWindow):
         build_layout(self)
         self.messages = MessageActions(self)
         self.models = ModelLoading(self)
+        self.server = LocalServer(self)
         self._build_menus()
         self.text_size = 0  # points added to the chat's and the message box's text (a setting)
         for source in self.settings.value("extra_models", [], list) or []:  # a file gone since is marked, not dropped
@@ -113,6 +115,7 @@ class MainWindow(QMainWindow):
         self.read_ahead_action.setToolTip("The models read your message as you type it, so that its answer "
                                           "starts as soon as you send it (a pasted document too)")
         chat_menu.addAction(self.read_ahead_action)
+        chat_menu.addAction(self.server.action)
 
     def _connect(self) -> None:
         c, controller = self.controls, self.controller
@@ -384,6 +387,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         """Stop generation at the next step and keep what was generated so far."""
         self._read_ahead_timer.stop()
+        self.server.switch(False)
         self.controller.close()
         self.save_settings()
         super().closeEvent(event)

@@ -1,0 +1,93 @@
+"""The window's *Serve on localhost* switch: the OpenAI-compatible API (serve/server.py) runs on
+the window's own loop, in this process, over the models the window has loaded; its requests and
+the window's chat take turns at the engine in order of arrival."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QLabel
+
+if TYPE_CHECKING:
+    from ..serve.server import ServerState
+    from .main_window import MainWindow
+
+DEFAULT_PORT = 8765
+
+
+class LocalServer:
+    def __init__(self, window: MainWindow) -> None:
+        self.window = window
+        self.port = int(window.settings.value("server_port", DEFAULT_PORT))
+        self.action = QAction(f"Serve on localhost:{self.port}", window, checkable=True)
+        self.action.setToolTip("An OpenAI-compatible API for your editor, agents and scripts, over the models loaded "
+                               f"here: http://127.0.0.1:{self.port}/v1 (loopback only)")
+        self.action.toggled.connect(self.switch)
+        self.label = QLabel()
+        window.statusBar().addPermanentWidget(self.label)
+        self.label.hide()
+        self._refresh = QTimer(window, interval=1000)
+        self._refresh.timeout.connect(self._show)
+        self.state: ServerState | None = None
+        self._server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def switch(self, on: bool) -> None:
+        if on and self._server is None:
+            self.start()
+        elif not on and self._server is not None:
+            self._server.should_exit = True  # its task ends after the requests running now
+            self._server = None
+            self._refresh.stop()
+            self.label.hide()
+
+    def start(self) -> None:
+        import uvicorn
+
+        from ..serve.server import ServerState, create_app  # FastAPI loads when first asked for
+
+        listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listening.bind(("127.0.0.1", self.port))
+        except OSError as error:
+            listening.close()
+            self.action.setChecked(False)
+            self.window.show_error("Cannot serve", f"Port {self.port} is taken ({error.strerror}); set another with "
+                                   "the server_port setting.")
+            return
+        controller = self.window.controller
+        self.state = ServerState(lambda: controller.engine, self._model_name(), self.window.controls.generation_options,
+                                 turns=controller.turns, make_room=controller.make_room)
+        controller.models_ready.connect(lambda ready: setattr(self.state, "model_name", self._model_name()))
+        self._server = _in_the_window(uvicorn.Config(create_app(self.state), log_level="warning"))
+        asyncio.get_running_loop().create_task(self._server.serve(sockets=[listening]))
+        self._refresh.start()
+        self._show()
+
+    def _model_name(self) -> str:
+        engine = self.window.controller.engine
+        return engine.target.name if engine is not None else self.window.controls.load_options().target
+
+    def _show(self) -> None:
+        served = self.state.requests_served if self.state else 0
+        self.label.setText(f"Serving {self.url} · {served} request{'s' if served != 1 else ''}")
+        self.label.show()
+
+
+def _in_the_window(config):
+    """uvicorn's server without its signal handlers: Ctrl+C and SIGTERM close the window (ui/app.py)."""
+    import uvicorn
+
+    class WindowServer(uvicorn.Server):
+        def capture_signals(self):
+            return contextlib.nullcontext()
+
+    return WindowServer(config)
