@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .bench.arguments import seed_arguments, speed_arguments, ui_arguments
+from .bench.arguments import seed_arguments, serve_arguments, speed_arguments, ui_arguments
 from .engine.api import CHAT_DEFAULTS, DEFAULTS
 from .engine.flags import add_engine_arguments, chat_options, generation_options
 
@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     speed_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
     seed_arguments(bench_kinds.add_parser("seed", help="GSM8K, MMLU, CNN/DailyMail: speed and quality"))
+    serve_arguments(bench_kinds.add_parser("serve", help="the API's tokens/s and first token for 1, 4 and 8 clients, "
+                                                         "beside the same requests in process"))
     ui_arguments(bench_kinds.add_parser("ui", help="the window's cost per streaming update, at the start and end of a long answer"))
     return parser
 
@@ -70,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                 from .bench.seed import run_seed
 
                 run_seed(args)
+            elif args.bench == "serve":
+                from .bench.serving import run_serve_bench
+
+                run_serve_bench(args)
             elif args.bench == "ui":
                 from .ui.stream_benchmark import run_ui
 

@@ -14,7 +14,7 @@ ALLOWED = {
     "app.chat": {"app.engine"},
     "app.serve": {"app.engine", "app.chat"},
     "app.ui": {"app.engine.api", "app.chat", "app.serve"},
-    "app.bench": {"app.engine", "app.chat"},
+    "app.bench": {"app.engine", "app.chat", "app.serve"},
 }
 
 

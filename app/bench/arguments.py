@@ -39,6 +39,14 @@ def seed_arguments(parser: argparse.ArgumentParser) -> None:
                              "how often its greedy answer equals this run's are reported beside this run's")
 
 
+def serve_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR / "gsm8k_test.jsonl",
+                        help="JSONL file with a 'question' field (default: GSM8K test)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--json", type=Path, help="write the results here")
+
+
 def ui_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=4000, help="answer length in tokens")
     parser.add_argument("--messages", type=int, default=50, help="messages already in the chat")
