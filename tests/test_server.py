@@ -154,6 +154,19 @@ def test_bad_requests_get_openai_errors_with_their_status(engine, serve):
         server.client().chat.completions.create(model="tiny", messages=QUESTION, temperature=-1)
 
 
+def test_messages_the_models_chat_template_refuses_get_400(engine, serve, monkeypatch):
+    """Templates enforce their own rules (roles in order, a system message first): a 400 naming
+    the template's reason, not a 500."""
+    template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('the first message must be the user') }}" \
+               "{% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    monkeypatch.setattr(engine.target.tokenizer, "chat_template", template)
+    server = serve(engine)
+    response = httpx.post(f"{server.url}/v1/chat/completions", timeout=30,
+                          json={"messages": [{"role": "assistant", "content": "t1"}]})
+    assert response.status_code == 400 and "the first message must be the user" in response.json()["error"]["message"]
+    assert server.client().chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2).choices
+
+
 def test_a_wrong_key_gets_401_and_models_not_loaded_503(engine, serve):
     keyed = serve(engine, key="secret")
     with pytest.raises(openai.AuthenticationError):

@@ -21,7 +21,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..chat.prompt import chat_prompt_ids
-from ..engine.api import GenerationOptions, PromptTooLongError, QueueFull, SpeculativeEngine, Turns, steps_of
+from ..engine.api import (GenerationOptions, PromptTooLongError, QueueFull, SpeculativeEngine, Turns, in_one_line,
+                          steps_of)
 from .output import RequestOutput
 from .requests import ApiError, CompletionRequest, parse
 
@@ -82,9 +83,13 @@ def create_app(state: ServerState) -> FastAPI:
                            code="model_not_ready")
         asked = parse(body, chat, state.defaults() if callable(state.defaults) else state.defaults)
         tokenizer = engine.target.tokenizer
-        prompt_ids = (chat_prompt_ids(tokenizer, asked.messages) if chat else
-                      asked.prompt_ids if asked.prompt_ids is not None else
-                      tokenizer(asked.prompt, add_special_tokens=False).input_ids)
+        try:
+            prompt_ids = (chat_prompt_ids(tokenizer, asked.messages) if chat else
+                          asked.prompt_ids if asked.prompt_ids is not None else
+                          tokenizer(asked.prompt, add_special_tokens=False).input_ids)
+        except Exception as error:  # the model's chat template refuses these messages (its own rules)
+            raise ApiError(400, f"the model's chat template refused the messages: {in_one_line(error)}",
+                           param="messages") from None
         if not prompt_ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         vocabulary = engine.target.model.config.vocab_size
@@ -108,7 +113,7 @@ async def _json_body(request: Request) -> dict:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB", code="body_too_large")
-    raw = b""
+    raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > MAX_BODY_BYTES:
