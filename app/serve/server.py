@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..chat.prompt import chat_prompt_ids
 from ..engine.api import (GenerationOptions, PromptTooLongError, QueueFull, SpeculativeEngine, Turns, in_one_line,
-                          steps_of)
+                          in_thread, steps_of)
 from .output import RequestOutput
 from .requests import ApiError, CompletionRequest, parse
 
@@ -83,10 +83,15 @@ def create_app(state: ServerState) -> FastAPI:
                            code="model_not_ready")
         asked = parse(body, chat, state.defaults() if callable(state.defaults) else state.defaults)
         tokenizer = engine.target.tokenizer
-        try:
-            prompt_ids = (chat_prompt_ids(tokenizer, asked.messages) if chat else
-                          asked.prompt_ids if asked.prompt_ids is not None else
-                          tokenizer(asked.prompt, add_special_tokens=False).input_ids)
+
+        def prompt() -> list[int]:
+            if chat:
+                return chat_prompt_ids(tokenizer, asked.messages)
+            return asked.prompt_ids if asked.prompt_ids is not None else \
+                tokenizer(asked.prompt, add_special_tokens=False).input_ids
+
+        try:  # off the loop: a long document takes a moment to tokenize, and the window shares this loop
+            prompt_ids = await in_thread("tokenize", prompt)
         except Exception as error:  # the model's chat template refuses these messages (its own rules)
             raise ApiError(400, f"the model's chat template refused the messages: {in_one_line(error)}",
                            param="messages") from None
