@@ -27,8 +27,7 @@ class AnswerBuilder:
             for token_id in continues.stats.token_ids:
                 self.decoder.push(token_id)
             self.tokens = list(continues.tokens)
-            self.base = continues.stats.totals()
-            base = continues.stats
+            self.base = base = continues.stats  # its Stats part adds up (Stats.__add__ reads only that)
             # a continued answer keeps the prompt it started from
             self._answer.update(mode=mode if mode == base.mode else f"{base.mode}, then {mode}",
                                 prompt_tokens=base.prompt_tokens)

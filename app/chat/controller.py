@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..engine.api import (GenerationOptions, LoadOptions, ModelError, ModelPool, PromptTooLongError, Turns, in_thread,
-                          load_tokenizer, noted_precision, noted_source, steps_of, vocabulary_mismatch)
+from ..engine.api import (GenerationOptions, LoadOptions, ModelError, ModelPool, PromptTooLongError, Turns, call_soon,
+                          in_thread, load_tokenizer, noted_precision, noted_source, steps_of, vocabulary_mismatch)
 from .events import Event
 from .prompt import chat_prompt_ids, switches_thinking
 from .session import ChatSession, Request
@@ -81,7 +81,7 @@ class ChatController:
         loop = asyncio.get_running_loop()
 
         def report(stage: str, fraction: float | None) -> None:
-            loop.call_soon_threadsafe(lambda: self.models.is_current(ticket) and self.load_progress.emit(stage, fraction))
+            call_soon(loop, lambda: self.models.is_current(ticket) and self.load_progress.emit(stage, fraction))
 
         def job() -> SpeculativeEngine | None:
             if leaving is not None:

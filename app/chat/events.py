@@ -12,9 +12,6 @@ class Event:
     def connect(self, listener: Callable) -> None:
         self._listeners.append(listener)
 
-    def disconnect(self, listener: Callable) -> None:
-        self._listeners.remove(listener)
-
     def emit(self, *args) -> None:
         for listener in list(self._listeners):
             listener(*args)

@@ -96,7 +96,8 @@ def speculative_generate(
         step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])
         target_logits = target.forward(step_input, keep=len(draft) + 1)  # [len(draft) + 1, V]
         target_probs = logits_to_probs(penalize_repeats(target_logits, tokens, draft.tokens.tolist(), params), params)
-        draft_seconds, target_seconds = target_start - draft_start, clock.now() - target_start
+        target_end = clock.now()  # also the step's end for the answer's wall time: one reading (a CUDA sync)
+        draft_seconds, target_seconds = target_start - draft_start, target_end - target_start
         n_accepted, next_token = verify(draft_tokens, draft.probs, target_probs, params, generator)
 
         target.rollback(len(tokens) + n_accepted)
@@ -106,7 +107,7 @@ def speculative_generate(
         # The policy prices the proposer's own tokens: those looked up on top cost it nothing.
         policy.observe(StepOutcome(draft.own, min(n_accepted, draft.own), draft_seconds - draft.catch_up_seconds,
                                    target_seconds, len(draft) + 1, draft.catch_up_tokens, draft.catch_up_seconds,
-                                   tuple(draft.copies), draft.copies_at, tuple(emitted_ids)))
+                                   draft.copies, draft.copies_at, emitted_ids))
         tokens += emitted_ids
         n_new += len(emitted)
         if finish is None and n_new >= budget:
@@ -117,7 +118,7 @@ def speculative_generate(
             prompt_share = draft.catch_up_seconds * read / draft.catch_up_tokens
             prompt_unread_by_draft -= read
         stats = stats.after_step(len(draft), n_accepted, len(emitted), draft_seconds - prompt_share, target_seconds,
-                                 prefill_seconds=prompt_share, looked_up=draft.looked_up, seconds=clock.now() - started)
+                                 prefill_seconds=prompt_share, looked_up=draft.looked_up, seconds=target_end - started)
         yield Step(emitted, draft.tokens[n_accepted:].tolist(), stats, finish)
         if finish:
             return

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -17,9 +18,9 @@ class StepOutcome:
     verified: int | None = None  # tokens in the target's pass (default drafted + 1; more with looked-up ones)
     catch_up_tokens: int = 0  # tokens the draft was fed before it drafted
     catch_up_seconds: float = 0.0
-    copies: tuple[int, ...] = ()  # the step's copy of earlier text, proposed or passed over
+    copies: Sequence[int] = ()  # the step's copy of earlier text, proposed or passed over
     copies_at: int = 0  # the position among the step's tokens the copy was for
-    emitted: tuple[int, ...] = ()  # the tokens the step emitted
+    emitted: Sequence[int] = ()  # the tokens the step emitted
 
 
 @dataclass
@@ -194,7 +195,7 @@ class CostAwareK:
             self.plain_steps += 1
         if self.costs.ready:
             self._choose()
-        self.observe_copies(list(step.copies), step.copies_at, list(step.emitted))
+        self.observe_copies(step.copies, step.copies_at, step.emitted)
 
     def use_copies(self, k: int, n_copies: int) -> bool:
         """Whether to propose the n_copies tokens that followed the text's last tokens earlier
@@ -213,7 +214,7 @@ class CostAwareK:
         tokens = (1 - copied ** (n_copies + 1)) / (1 - copied)
         return tokens / self.costs.verify_seconds(n_copies + 1) >= 1 / self.costs.verify_seconds(1)
 
-    def observe_copies(self, copies: list[int], at: int, emitted: list[int]) -> None:
+    def observe_copies(self, copies: Sequence[int], at: int, emitted: Sequence[int]) -> None:
         """copies: the step's copy of earlier text, proposed or passed over, for the step's tokens
         from position `at`; emitted: the tokens the step emitted. The copied tokens that match the
         emitted ones count as accepted, the first that does not as a rejection; those past the

@@ -1,7 +1,7 @@
 """What the loop yields: the tokens of one step with their provenance, and running stats."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -86,10 +86,6 @@ class Stats:
             drafted_lengths=self.drafted_lengths + later.drafted_lengths, looked_up=self.looked_up + later.looked_up,
             cached_prompt_tokens=self.cached_prompt_tokens if self.emitted else later.cached_prompt_tokens,
             prompt_read=later.prompt_read, seconds=self.seconds + later.seconds, first_token_seconds=first)
-
-    def totals(self) -> Stats:
-        """These figures as a plain Stats (without what a subclass adds)."""
-        return Stats(**{f.name: getattr(self, f.name) for f in fields(Stats)})
 
     @property
     def acceptance_rate(self) -> float:

@@ -14,7 +14,6 @@ class Turns:
     def __init__(self, limit: int = 16) -> None:
         self.limit = limit
         self.waiting = 0  # places reserved, turns not yet taken
-        self.served = 0
         self._lock = asyncio.Lock()  # fair: waiters get it in order
 
     def reserve(self, always: bool = False) -> None:
@@ -37,7 +36,6 @@ class Turns:
 
     def release(self) -> None:
         """The engine is free again: call when the work's thread has ended (steps_of's on_end)."""
-        self.served += 1
         self._lock.release()
 
     @property

@@ -29,7 +29,6 @@ class RequestOutput:
         self.text = ""  # released so far
         self.stats = Stats()
         self.finish: str | None = None  # "stop" | "length" (None: still running)
-        self.completion_tokens = 0
 
     def add(self, step: Step) -> Released:
         """The step's tokens; what may be sent now."""
@@ -39,7 +38,6 @@ class RequestOutput:
             if token.copied:
                 entry["copied"] = True
             self.pending.append(entry)
-            self.completion_tokens += 1
         if step.finish is not None:
             self.finish = "length" if step.finish in (FinishReason.LENGTH, FinishReason.CONTEXT) else "stop"
         return self._release(final=step.finish is not None)
@@ -76,8 +74,8 @@ class RequestOutput:
         return self.finish is not None
 
     def usage(self, prompt_tokens: int) -> dict:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": prompt_tokens + self.completion_tokens}
+        generated = self.stats.emitted
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": generated, "total_tokens": prompt_tokens + generated}
 
     def metrics(self) -> dict:
         """vLLM's per-request speculative-decoding metrics, under its names."""

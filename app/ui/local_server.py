@@ -34,6 +34,7 @@ class LocalServer:
         self._refresh.timeout.connect(self._show)
         self.state: ServerState | None = None
         self._server = None
+        window.controller.models_ready.connect(self._models_changed)
 
     @property
     def url(self) -> str:
@@ -66,11 +67,14 @@ class LocalServer:
         controller = self.window.controller
         self.state = ServerState(lambda: controller.engine, self._model_name(), self.window.controls.generation_options,
                                  turns=controller.turns, make_room=controller.make_room)
-        controller.models_ready.connect(lambda ready: setattr(self.state, "model_name", self._model_name()))
         self._server = _in_the_window(uvicorn.Config(create_app(self.state), log_level="warning"))
         asyncio.get_running_loop().create_task(self._server.serve(sockets=[listening]))
         self._refresh.start()
         self._show()
+
+    def _models_changed(self, ready) -> None:
+        if self.state is not None:
+            self.state.model_name = self._model_name()
 
     def _model_name(self) -> str:
         engine = self.window.controller.engine

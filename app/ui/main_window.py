@@ -314,13 +314,13 @@ class MainWindow(QMainWindow):
         if self.read_ahead_action.isChecked():
             self.controller.read_ahead(self.composer.toPlainText().strip(), replacing=self.messages.editing)
 
-    def _ask(self, action) -> None:
+    def _ask(self, action, started: str = "") -> None:
         """Starts action(options) (the controller's answer_pending, regenerate, continue_answer,
-        compare), or says why not while the models load."""
+        compare) and says `started`, or says why not while the models load."""
         if self.controller.engine is None and not self.controller.session.busy:
             self.statusBar().showMessage("The models are still loading; your message stays in the box.", 5000)
-        elif action(self.controls.generation_options()) and action == self.controller.compare:
-            self.statusBar().showMessage("Comparing: the same prompt with speculation off...")
+        elif action(self.controls.generation_options()) and started:
+            self.statusBar().showMessage(started)
 
     def answer_pending(self) -> None:
         self._ask(self.controller.answer_pending)
@@ -334,7 +334,7 @@ class MainWindow(QMainWindow):
         self._ask(self.controller.continue_answer)
 
     def compare(self) -> None:
-        self._ask(self.controller.compare)
+        self._ask(self.controller.compare, "Comparing: the same prompt with speculation off...")
 
     def stop(self) -> None:
         self.messages.cancel_edit()
