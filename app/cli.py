@@ -1,5 +1,6 @@
 """Command line: `python -m app` opens the window; `python -m app chat` chats in the terminal;
-`python -m app serve` serves an OpenAI-compatible API; `python -m app bench speed ...` benchmarks."""
+`python -m app serve` serves an OpenAI-compatible API; `python -m app export-hf` writes a model for
+vLLM; `python -m app bench speed ...` benchmarks."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from .bench.arguments import seed_arguments, serve_arguments, speed_arguments, ui_arguments
 from .engine.api import CHAT_DEFAULTS, DEFAULTS
-from .engine.flags import add_engine_arguments, chat_options, generation_options
+from .engine.flags import add_engine_arguments, add_server_arguments, chat_options, generation_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     chat = commands.add_parser("chat", help="chat in the terminal")
     add_engine_arguments(chat)
+    add_server_arguments(chat)
     chat.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
     chat.add_argument("--repeat-penalty", type=float, default=CHAT_DEFAULTS.sampling.repeat_penalty,
                       help="each token among the last --repeat-last-n scores lower (1 = off); greedy decoding too")
@@ -39,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens,
                        help="an answer's length when a request does not say")
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait for their turn")
+    export = commands.add_parser("export-hf", help="write a model as a Hugging Face folder (safetensors, bfloat16) "
+                                                   "for a serving engine such as vLLM")
+    export.add_argument("model", help="a .gguf file, a model folder, or default-target / default-draft")
+    export.add_argument("folder", type=Path, help="the folder to write (must not exist yet)")
     bench = commands.add_parser("bench", help="headless benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     speed_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
@@ -80,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                 from .ui.stream_benchmark import run_ui
 
                 run_ui(args)
+            elif args.server or args.plain_server:
+                from .bench.served import run_served_speed
+
+                run_served_speed(args)
             else:
                 from .bench.speed import run_speed
 
@@ -87,6 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         except ModelError as error:  # a missing, corrupt or mismatched model: what is wrong, not a traceback
             print(f"error: {error}", file=sys.stderr)
             return 2
+        return 0
+    if args.command == "export-hf":
+        from .engine.errors import ModelError
+        from .engine.models.export import export_hf
+
+        try:
+            folder = export_hf(args.model, args.folder, lambda stage, fraction: print(f"  {stage}", file=sys.stderr))
+        except ModelError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(f"wrote {folder}: serve it with vLLM, e.g. vllm serve {folder}")
         return 0
     if args.command == "serve":
         from .serve.command import run_server

@@ -10,35 +10,14 @@ import pytest
 from app.chat.prompt import chat_prompt_ids
 from app.engine.api import GenerationOptions, SpeculativeEngine, Turns
 from app.serve.command import is_loopback
-from app.serve.server import ServerState, create_app
+from app.serve.server import ServerState
+from tests.running_server import RunningServer
 from tests.tiny import tiny_model
 
 uvicorn = pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 QUESTION = [{"role": "user", "content": "t5 t9 t2 t7"}]
-
-
-class RunningServer:
-    def __init__(self, state: ServerState) -> None:
-        self.state = state
-        self.app = create_app(state)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-
-    def client(self, key: str = "none"):
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..engine.flags import add_engine_arguments
+from ..engine.flags import add_engine_arguments, add_server_arguments
 from .data import DEFAULT_DATA_DIR
 
 
@@ -21,6 +21,10 @@ def speed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-packed-linear", action="store_true",
                         help="lever off (fp32 only): PyTorch's default fp32 linear instead of pre-packed oneDNN weights")
     parser.add_argument("--json", type=Path, help="write the results here")
+    add_server_arguments(parser)
+    parser.add_argument("--plain-server", default="", metavar="URL",
+                        help="with --server: the same target served without a draft, for plain decoding beside "
+                             "the server's speculative decoding (1, 4 and 8 concurrent chats)")
 
 
 def seed_arguments(parser: argparse.ArgumentParser) -> None:

@@ -34,6 +34,7 @@ class AnswerBuilder:
         self.stats = AnswerStats.of(self.base, **self._answer)
         self._base_records = len(self.tokens)
         self._pending: list[TokenRecord] = []  # tokens with no text yet, waiting for the next piece
+        self._spans: list[int] = []  # how many of this request's tokens each of its records holds
 
     @property
     def has_new_tokens(self) -> bool:
@@ -50,17 +51,28 @@ class AnswerBuilder:
             piece = self.decoder.push(token.id)
             record = TokenRecord(piece, token.source, round(token.p_target, 4),
                                  None if token.p_draft is None else round(token.p_draft, 4), copied=token.copied)
-            if token.source is Source.CORRECTED:
+            if token.source is Source.CORRECTED and token.replaced is not None:  # (a server does not say)
                 record.replaced = self._text([token.replaced])
                 record.rejected = self._text(step.rejected)
             if not piece:
                 self._pending.append(record)
                 continue
             new.append(_merged(self._pending + [record]))
+            self._spans.append(len(self._pending) + 1)
             self._pending = []
         self.tokens += new
+        if step.relabelled is not None:
+            self._relabel(step.relabelled)
         self._record(step.stats, step.finish)
         return new
+
+    def _relabel(self, sources: tuple[Source, ...]) -> None:
+        """Gives this request's records the sources of their tokens (as _merged chooses them)."""
+        first = 0
+        for index, span in enumerate(self._spans, start=self._base_records):
+            telling = max(sources[first:first + span], key=_TELLING.get, default=self.tokens[index].source)
+            self.tokens[index] = replace(self.tokens[index], source=telling)
+            first += span
 
     def _record(self, stats: Stats, finish: FinishReason | None) -> None:
         self.stats = AnswerStats.of(self.base + stats, **self._answer, finish=finish or self.stats.finish)

@@ -38,6 +38,16 @@ class ModelsReady:
     device: str  # in words
     thinking_switchable: bool  # the target's chat template can switch thinking off
     new_target: bool  # another target than the pair loaded before (or the first)
+    served: Served | None = None  # a target on a server (None: it runs here)
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a window shows of a server it connected to."""
+
+    model: str  # the one in use
+    models: tuple[str, ...]  # all it serves
+    colours_note: str  # where its colours come from
 
 
 class ChatController:
@@ -114,7 +124,8 @@ class ChatController:
         self.models_ready.emit(ModelsReady(
             chosen, f"{target.name} ({target.label})", f"{draft.name} ({draft.label})" if draft else None,
             engine.draft_refused, self.models.device_text or "", switches_thinking(target.tokenizer),
-            previous is None or previous.target != chosen.target))
+            previous is None or previous.target != chosen.target,
+            Served(target.name, engine.served_models, engine.speculation.note) if self.served_by else None))
 
     def crashed_load(self) -> tuple[str, LoadOptions | None] | None:
         """(what to tell, the choice to load instead or None to load the same) when the last run
@@ -165,10 +176,18 @@ class ChatController:
                 used.append((options.draft, options.draft_precision))
         return frozenset((noted_source(source), noted_precision(precision)) for source, precision in used)
 
+    @property
+    def served_by(self) -> str | None:
+        """The server's address when the target runs there (None: here, or nothing loaded)."""
+        return getattr(self.engine, "served_by", None)
+
     def memory(self) -> tuple[str, str] | None:
         """(the models' weights and what their caches take now, the line's explanation)."""
         if self.engine is None:
             return None
+        if self.served_by:
+            return (f"no model here: the target is {self.engine.target.label}",
+                    "Only the tokenizer is loaded here; the server holds the models and their caches.")
         target, draft, caches = self.engine.target, self.engine.draft, self.engine.cache_bytes()
         kv = str(self.engine.kv_cache).removeprefix("torch.") if self.engine.kv_cache else None
         return (f"target {target.memory_bytes / 2**30:.2f} GiB ({target.label}), "
@@ -254,7 +273,8 @@ class ChatController:
         return self.ready and self._start(self.session.continue_answer(self.engine, options))
 
     def compare(self, options: GenerationOptions) -> bool:
-        return self.ready and self._start(self.session.compare(self.engine, options))
+        """(Not for a target on a server: its speculation is the server's, on for every request.)"""
+        return self.ready and not self.served_by and self._start(self.session.compare(self.engine, options))
 
     def stop(self) -> bool:
         """Stops the answer at its next step; False when none runs."""

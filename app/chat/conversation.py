@@ -127,7 +127,8 @@ class Message:
         """An answer that stopped before its end (a length limit, Stop, a closed app): Continue
         can go on with it."""
         return (self.role == "assistant" and self.stats is not None and bool(self.stats.token_ids)
-                and self.stats.finish in (FinishReason.LENGTH, FinishReason.CANCELLED, FinishReason.INTERRUPTED))
+                and self.stats.finish in (FinishReason.LENGTH, FinishReason.CANCELLED, FinishReason.INTERRUPTED,
+                                          FinishReason.FAILED))
 
     def to_prompt(self) -> dict[str, str]:
         return {"role": self.role, "content": self.content}

@@ -124,6 +124,11 @@ class LoadOptions:
     draft_precision: Precision = field(default_factory=default_draft_precision)
     draft_vocabulary: int = COMMON_TOKENS  # speed only, too: the draft proposes common tokens and the conversation's
     kv_cache: str = DEFAULT_CACHE  # the low-bit models' cache: float16, as llama.cpp's; float32 rounds as the reference
+    # An OpenAI-compatible server (vLLM, another SpecChat) serving the target: its URL ("" runs the
+    # target here) and model name ("" its only one). The target above then gives the tokenizer and
+    # chat template; the draft, if any, is the server's own.
+    server: str = ""
+    server_model: str = ""
 
     @property
     def kv_cache_dtype(self) -> torch.dtype:

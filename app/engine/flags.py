@@ -41,10 +41,20 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=DEFAULTS.seed)
 
 
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", default="", metavar="URL",
+                        help="an OpenAI-compatible server (vLLM, another SpecChat) that serves the target, e.g. "
+                             "http://gpu-box:8000/v1; --target then names the same model here for its tokenizer and "
+                             "chat template, and the server drafts with its own draft (key: SPECCHAT_API_KEY)")
+    parser.add_argument("--server-model", default="", metavar="NAME",
+                        help="the served model's name (default: the server's first)")
+
+
 def load_options(args: argparse.Namespace) -> LoadOptions:
     return LoadOptions(target=args.target, draft=args.draft, precision=Precision(args.precision),
                        draft_precision=Precision(args.draft_precision), draft_vocabulary=args.draft_vocabulary,
-                       kv_cache=args.kv_cache)
+                       kv_cache=args.kv_cache, server=getattr(args, "server", ""),
+                       server_model=getattr(args, "server_model", ""))
 
 
 def generation_options(args: argparse.Namespace, **overrides) -> GenerationOptions:

@@ -85,10 +85,10 @@ def speculative_generate(
             return
         # Leave room for the token the target adds, within both limits.
         room = budget - n_new - 1
-        # The first token comes as soon as the target has read the prompt: a draft that must
-        # first read it too (more than a few tokens) starts drafting at the second step.
+        # The first token comes as soon as the target has read the prompt (as vLLM's does): the
+        # draft starts at the second step, from the token the target chose.
         behind = proposer.behind()
-        k = 0 if n_new == 0 and behind else min(policy.next_k(budget - n_new, behind, n_new), room)
+        k = 0 if n_new == 0 else min(policy.next_k(budget - n_new, behind, n_new), room)
         draft_start = clock.now()
         draft = proposer.propose(k, policy.keep_drafting, limit=room, use_copies=policy.use_copies)
         draft_tokens = draft.tokens.to(target.device)

@@ -27,6 +27,7 @@ from .files import write_text
 if TYPE_CHECKING:
     from .engine import SpeculativeEngine
     from .models.loading import LoadedModel
+    from .remote.engine import RemoteEngine
 
 Report = Callable[[str, float | None], None]
 
@@ -53,14 +54,17 @@ class ModelPool:
     def is_current(self, ticket: int) -> bool:
         return ticket == self._ticket
 
-    def engine(self, ticket: int, chosen: LoadOptions, report: Report) -> SpeculativeEngine | None:
+    def engine(self, ticket: int, chosen: LoadOptions, report: Report) -> SpeculativeEngine | RemoteEngine | None:
         """Loads what `chosen` needs (keeping models already loaded), builds and calibrates the
-        engine; None when a newer request arrived meanwhile. Raises ModelError for bad models. A draft
-        whose vocabulary differs from the target's is dropped (SpeculativeEngine.for_pair)."""
+        engine; None when a newer request arrived meanwhile. Raises ModelError for bad models (a
+        ServerError for a server that cannot serve). A draft whose vocabulary differs from the
+        target's is dropped (SpeculativeEngine.for_pair)."""
         from .calibration import calibrate_remembered
         from .engine import SpeculativeEngine
         from .models.loading import load_model, pick_device
 
+        if chosen.server:
+            return self._served(ticket, chosen, report)
         keys = [(chosen.target, chosen.precision), (chosen.draft, chosen.draft_precision)]
         with self._lock:
             device, dtype, self.device_text = pick_device()
@@ -87,6 +91,21 @@ class ModelPool:
                 self._mark(None)
             if self.saved_caches is not None:
                 engine.keep_saved_caches(self.saved_caches)
+            return engine if self.is_current(ticket) else None
+
+    def _served(self, ticket: int, chosen: LoadOptions, report: Report) -> RemoteEngine | None:
+        """The target on a server: the local models go (their memory back), the chosen target's
+        tokenizer stays here to build prompts."""
+        from .models.loading import load_tokenizer
+        from .remote.engine import RemoteEngine
+
+        with self._lock:
+            report(f"Connecting to {chosen.server}", None)
+            tokenizer = load_tokenizer(chosen.target)
+            engine = RemoteEngine.connect(chosen.server, chosen.server_model or None, tokenizer,
+                                          os.environ.get("SPECCHAT_API_KEY") or None, chosen.target)
+            self.models.clear()  # connected: the local models' memory back (a failed connect keeps them)
+            self.device_text = f"a server ({engine.served_by})"
             return engine if self.is_current(ticket) else None
 
     def closing(self) -> None:

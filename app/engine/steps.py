@@ -32,6 +32,7 @@ class FinishReason(str, Enum):
     CONTEXT = "context"  # the model's context window is full
     CANCELLED = "cancelled"  # the user pressed Stop
     INTERRUPTED = "interrupted"  # the app was closed or killed mid-answer (set by the chat, not the loop)
+    FAILED = "failed"  # the server serving the target failed mid-answer
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,9 @@ class Step:
     rejected: list[int]  # draft tokens discarded in this step, in order
     stats: Stats  # running totals after this step
     finish: FinishReason | None = None  # set on the last step
+    # The sources of every token of this request, in place of what earlier steps said: a served
+    # answer's live labels, corrected by the server's final account (None: nothing to correct).
+    relabelled: tuple[Source, ...] | None = None
 
 
 def first_stop(ids: list[int], stop_tokens: frozenset[int]) -> int | None:

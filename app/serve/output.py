@@ -3,7 +3,8 @@ per-token provenance, usage, finish reason, and vLLM's per-request speculative-d
 
 Provenance, our extension, is a list per chunk of {"id", "text", "source"} (source: accepted,
 corrected, bonus or plain; "copied": true for a draft token copied from earlier text). Text that
-could still begin a stop string is held back until the next step shows it does not."""
+could still begin a stop string is held back until the next step shows it does not; without stop
+strings each chunk holds one step's tokens, as vLLM's do."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,9 +30,17 @@ class RequestOutput:
         self.text = ""  # released so far
         self.stats = Stats()
         self.finish: str | None = None  # "stop" | "length" (None: still running)
+        # (accepted, drafted) of each step after the first, steps that drafted nothing included:
+        # with the first token plain, they account for every token (vLLM's per-step metrics)
+        self.per_step: list[tuple[int, int]] = []
+        self._steps = 0
 
     def add(self, step: Step) -> Released:
         """The step's tokens; what may be sent now."""
+        if step.tokens:
+            if self._steps:
+                self.per_step.append((step.stats.accepted - self.stats.accepted, step.stats.drafted - self.stats.drafted))
+            self._steps += 1
         self.stats = step.stats
         for token in step.tokens:
             entry = {"id": token.id, "text": self.decoder.push(token.id), "source": token.source.value}
@@ -53,7 +62,9 @@ class RequestOutput:
         else:
             keep = len(waiting) if final else max(len(waiting) - self.hold, 0)
         released, taken = Released(), 0
-        everything = final and cut is None  # the end token too, whose text is empty
+        # the end token too, whose text is empty; without stop strings, a token that ends a step
+        # with half a character (its text comes with the next token's)
+        everything = (final and cut is None) or not self.stop
         while self.pending and (taken < keep or everything):
             entry = self.pending[0]
             if taken + len(entry["text"]) > keep:
@@ -79,15 +90,19 @@ class RequestOutput:
 
     def metrics(self) -> dict:
         """vLLM's per-request speculative-decoding metrics, under its names."""
-        stats, steps = self.stats, len(self.stats.drafted_lengths)
-        histogram = [0] * (max(stats.drafted_lengths, default=0) + 1)
-        for accepted in stats.accepted_lengths:
-            histogram[accepted] += 1
+        accepted = [a for a, _ in self.per_step]
+        drafted = [d for _, d in self.per_step]
+        spec_tokens = max(drafted, default=0)
+        histogram = [0] * (spec_tokens + 1)
+        for count in accepted:
+            histogram[count] += 1
+        steps = len(self.per_step)
         return {"speculative_decoding": {
-            "num_spec_steps": steps, "num_draft_tokens": stats.drafted, "num_accepted_draft_tokens": stats.accepted,
-            "mean_acceptance_length": round(1 + stats.accepted / steps, 4) if steps else 0.0,
-            "draft_acceptance_rate": round(stats.acceptance_rate, 4), "acceptance_histogram": histogram,
-            "per_step_accepted": list(stats.accepted_lengths), "per_step_drafted": list(stats.drafted_lengths)}}
+            "num_spec_steps": steps, "num_draft_tokens": sum(drafted), "num_accepted_draft_tokens": sum(accepted),
+            "num_spec_tokens": spec_tokens,
+            "mean_acceptance_length": round(1 + sum(accepted) / steps, 4) if steps else 1.0,
+            "draft_acceptance_rate": round(sum(accepted) / sum(drafted), 4) if sum(drafted) else 0.0,
+            "acceptance_histogram": histogram, "per_step_accepted": accepted, "per_step_drafted": drafted}}
 
 
 def _find(text: str, stop: str) -> int | None:

@@ -67,6 +67,7 @@ class Body(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = 1
     repetition_penalty: float = Field(1.0, gt=0.0)
+    return_token_ids: bool = False  # vLLM's: each choice also carries its tokens' ids
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     stop: list[str]
+    return_token_ids: bool = False
     messages: list[dict[str, str]] | None = None  # chat
     prompt: str | None = None  # completions, as text
     prompt_ids: list[int] | None = None  # completions, as token ids
@@ -99,7 +101,8 @@ def parse(body: dict, chat: bool, defaults: GenerationOptions) -> CompletionRequ
     options = replace(defaults, sampling=sampling, max_new_tokens=budget,
                       seed=defaults.seed if asked.seed is None else asked.seed)
     include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
-    common = dict(options=options, stream=asked.stream, include_usage=include_usage, stop=stop)
+    common = dict(options=options, stream=asked.stream, include_usage=include_usage, stop=stop,
+                  return_token_ids=asked.return_token_ids)
     if chat:
         if not asked.messages:
             raise ApiError(400, "messages: a list of at least one message is required", param="messages")

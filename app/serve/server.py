@@ -64,8 +64,22 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
+        engine = state.engine()
+        context = {"max_model_len": engine.target.context_length} if engine is not None else {}
         return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0,
-                                            "owned_by": "specchat"}]}
+                                            "owned_by": "specchat"} | context]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        """vLLM's: a text's token ids under the model's tokenizer (a client checks that its own agrees)."""
+        body = await _json_body(request)
+        engine = _loaded_engine()
+        text = body.get("prompt")
+        if not isinstance(text, str):
+            raise ApiError(400, "prompt: a text is required", param="prompt")
+        tokens = await in_thread("tokenize", lambda: engine.target.tokenizer(
+            text, add_special_tokens=bool(body.get("add_special_tokens", True))).input_ids)
+        return {"count": len(tokens), "max_model_len": engine.target.context_length, "tokens": tokens}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -77,10 +91,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     async def _complete(request: Request, chat: bool):
         body = await _json_body(request)
-        engine = state.engine()
-        if engine is None:
-            raise ApiError(503, "the models are still loading; try again shortly", "server_error",
-                           code="model_not_ready")
+        engine = _loaded_engine()
         asked = parse(body, chat, state.defaults() if callable(state.defaults) else state.defaults)
         tokenizer = engine.target.tokenizer
 
@@ -110,6 +121,13 @@ def create_app(state: ServerState) -> FastAPI:
             return StreamingResponse(answer.events(request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         return JSONResponse(await answer.whole(request))
+
+    def _loaded_engine() -> SpeculativeEngine:
+        engine = state.engine()
+        if engine is None:
+            raise ApiError(503, "the models are still loading; try again shortly", "server_error",
+                           code="model_not_ready")
+        return engine
 
     return app
 
@@ -189,6 +207,8 @@ class Answer:
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if self.chat else
                   {"index": 0, "text": text, "logprobs": None})
         choice |= {"finish_reason": self.output.finish or "stop", "provenance": provenance}
+        if self.asked.return_token_ids:
+            choice |= {"token_ids": [token["id"] for token in provenance], "prompt_token_ids": self.prompt_ids}
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice],
                 "usage": self.output.usage(len(self.prompt_ids)), "metrics": self.output.metrics()}
@@ -199,16 +219,20 @@ class Answer:
         try:
             async for released in self._steps(request):
                 yield self._event(self._piece(released.text) | {"finish_reason": None,
-                                                                "provenance": released.provenance})
+                                                                "provenance": released.provenance}
+                                  | self._token_ids(released.provenance))
         except PromptTooLongError as error:
             yield f"data: {json.dumps({'error': ApiError(400, str(error)).body()['error']})}\n\n"
             return
-        last = self._event(self._piece("") | {"finish_reason": self.output.finish or "stop", "provenance": []},
-                           metrics=self.output.metrics())
-        yield last
-        if self.asked.include_usage:
-            yield f"data: {json.dumps(self._chunk([]) | {'usage': self.output.usage(len(self.prompt_ids))})}\n\n"
+        yield self._event(self._piece("") | {"finish_reason": self.output.finish or "stop", "provenance": []}
+                          | self._token_ids([]), metrics=self.output.metrics())
+        if self.asked.include_usage:  # the metrics again, where vLLM sends them
+            yield f"data: {json.dumps(self._chunk([]) | {'usage': self.output.usage(len(self.prompt_ids)), 'metrics': self.output.metrics()})}\n\n"
         yield "data: [DONE]\n\n"
+
+    def _token_ids(self, provenance: list[dict]) -> dict:
+        """vLLM's return_token_ids: the chunk's token ids."""
+        return {"token_ids": [token["id"] for token in provenance]} if self.asked.return_token_ids else {}
 
     def _piece(self, text: str) -> dict:
         return {"delta": {"content": text}} if self.chat else {"text": text, "logprobs": None}

@@ -99,6 +99,10 @@ class AcceptanceView(QWidget):
         self.context.setFormat("no answer yet")
         self.context.setToolTip("How much of the target's context window this chat's last answer used")
         form.addRow("Context", self.context)
+        self.colours = QLabel(wordWrap=True)  # where a served target's colours come from, or why there are none
+        form.addRow("Colours", self.colours)
+        self._form = form
+        self.show_colours_note("")
         self.histogram = Histogram()
         self.trace = Trace()
         form.addRow(QLabel("Accepted length per step"))
@@ -142,6 +146,12 @@ class AcceptanceView(QWidget):
         self.context.setRange(0, max(length, 1))
         self.context.setValue(min(used, length))
         self.context.setFormat(f"{used:,} / {length:,} tokens ({used / length:.0%})" if length else f"{used:,} tokens")
+
+    def show_colours_note(self, note: str) -> None:
+        """Where the colours come from, for a target on a server ("" hides the row: they are this computer's)."""
+        self.colours.setText(note)
+        self._form.setRowVisible(self.colours, bool(note))
+        self._relayout.start()
 
     def show_memory(self, text: str, details: str = "") -> None:
         self.fields["memory"].setText(text)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QStandardItemModel
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QLabel, QPushButton,
-                               QSpinBox, QTabWidget, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QHBoxLayout, QLabel,
+                               QLineEdit, QPushButton, QSpinBox, QTabWidget, QWidget)
 
 from ..engine.api import (CACHE_TYPES, CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS, GenerationOptions, LoadOptions,
                           Precision, ProposerKind, SamplingParams)
@@ -61,13 +61,36 @@ class ControlsPanel(QTabWidget):
             # long names (a model's file, "(different vocabulary)") are cut, not widening the column
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(14)
-        form.addRow("Target", self.target)
+        target_row = QHBoxLayout()
+        target_row.addWidget(self.target, 1)
+        target_row.addWidget(self.add_model)
+        form.addRow("Target", target_row)
         form.addRow("Draft", self.draft)
         form.addRow("Target precision", self.precision)
         form.addRow("Draft precision", self.draft_precision)
         form.addRow("KV cache", self.kv_cache)
-        form.addRow("", self.add_model)
+        # The target on an OpenAI-compatible server (vLLM, another SpecChat): the Target picker then
+        # gives the tokenizer and chat template, and the server drafts with its own draft.
+        self.on_server = QCheckBox("on")
+        self.on_server.setToolTip("The target served by vLLM (one GPU or a cluster) or another SpecChat. Pick the same\n"
+                                  "model as Target here: its tokenizer and chat template build the prompt. The server\n"
+                                  "speculates with its own draft; colours come from its per-step metrics.")
+        self.server_url = QLineEdit(placeholderText="http://localhost:8000/v1")
+        self.server_model = QComboBox(editable=True)
+        self.server_model.lineEdit().setPlaceholderText("the server's first model")
+        self.connect_server = QPushButton("Connect")
+        self.server_state = QLabel("not connected")
+        server_row = QHBoxLayout()
+        server_row.addWidget(self.on_server)
+        server_row.addWidget(self.server_url, 1)
+        server_row.addWidget(self.connect_server)
+        served_row = QHBoxLayout()
+        served_row.addWidget(self.server_model, 1)
+        served_row.addWidget(self.server_state, 1)
+        form.addRow("Server", server_row)
+        form.addRow("Served model", served_row)
         form.addRow("Device", self.device)
+        self._models_form, self._served_row = form, served_row
 
         speculation = QWidget()
         form = QFormLayout(speculation)
@@ -161,13 +184,29 @@ class ControlsPanel(QTabWidget):
         self.draft_precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.kv_cache.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.add_model.clicked.connect(self.add_model_requested.emit)
+        self.connect_server.clicked.connect(self.models_changed.emit)
+        self.server_url.returnPressed.connect(self.models_changed.emit)
+        self.on_server.toggled.connect(self._server_toggled)
         self.speculative.toggled.connect(self._update_enabled)
         self.temperature.valueChanged.connect(lambda _: self._update_enabled())
         self.proposer.currentIndexChanged.connect(lambda _: self._update_enabled())
         self._update_enabled()
 
+    def _server_toggled(self, on: bool) -> None:
+        self._update_enabled()
+        if not on or self.server_url.text().strip():  # on, with no address yet: Connect loads
+            self.models_changed.emit()
+
     def _update_enabled(self) -> None:
-        on = self.speculative.isChecked()
+        served = self.on_server.isChecked()
+        for widget in (self.server_url, self.connect_server):
+            widget.setEnabled(served)
+        # only the rows that matter: a server's draft, precision and cache are its own
+        for row in (self.draft, self.precision, self.draft_precision, self.kv_cache):
+            self._models_form.setRowVisible(row, not served)
+        self._models_form.setRowVisible(self._served_row, served)
+        self.speculative.setEnabled(not served)
+        on = self.speculative.isChecked() and not served
         for widget in (self.k, self.adaptive, self.proposer):
             widget.setEnabled(on)
         self.lookup.setEnabled(on and self.proposer.currentData() == ProposerKind.DRAFT_MODEL)
@@ -192,7 +231,23 @@ class ControlsPanel(QTabWidget):
         return LoadOptions(target=self.target_source(), draft=self.draft_source(),
                            precision=Precision(self.precision.currentData()),
                            draft_precision=Precision(self.draft_precision.currentData()),
-                           kv_cache=self.kv_cache.currentData())
+                           kv_cache=self.kv_cache.currentData(),
+                           server=self.server_url.text().strip() if self.on_server.isChecked() else "",
+                           server_model=self.server_model.currentText().strip() if self.on_server.isChecked() else "")
+
+    def show_served(self, models: tuple[str, ...], chosen: str, state: str) -> None:
+        """A server connected: the models it serves (the one in use chosen), and `state` in the tooltip."""
+        self.server_model.blockSignals(True)
+        self.server_model.clear()
+        self.server_model.addItems(list(models))
+        self.server_model.setCurrentText(chosen)
+        self.server_model.blockSignals(False)
+        self.show_server_state("connected", state)
+
+    def show_server_state(self, state: str, details: str = "") -> None:
+        """A word or two in the row (it must not widen the panel), the whole story in its tooltip."""
+        self.server_state.setText(state)
+        self.server_state.setToolTip(details)
 
     def load_pickers(self) -> tuple[tuple[QComboBox, str], ...]:
         """The pickers that choose what loads, with their LoadOptions field (also their setting's key)."""
@@ -204,6 +259,13 @@ class ControlsPanel(QTabWidget):
         for combo, field_name in self.load_pickers():
             value = getattr(options, field_name)
             select_quietly(combo, getattr(value, "value", value))  # a Precision as its stored text
+        # (a server that failed stays chosen, its address in view to be mended, while the local pair runs)
+
+    def set_on_server_quietly(self, on: bool) -> None:
+        self.on_server.blockSignals(True)
+        self.on_server.setChecked(on)
+        self.on_server.blockSignals(False)
+        self._update_enabled()
 
     def target_source(self) -> str:
         return self.target.currentData()

@@ -276,14 +276,15 @@ class MainWindow(QMainWindow):
     def set_busy(self, busy: bool) -> None:
         session, ready = self.controller.session, self.controller.engine is not None
         self.send_button.setEnabled((ready or self.controller.loading) and not busy)  # sent while loading: once ready
-        self.compare_button.setEnabled(ready and not busy and session.last_answer() is not None)
+        self.compare_button.setEnabled(ready and not busy and session.last_answer() is not None
+                                       and not self.controller.served_by)
         self.regenerate_button.setEnabled(ready and not busy and session.can_regenerate())
         self.continue_button.setEnabled(ready and not busy and session.can_continue())
         self.stop_button.setEnabled(busy)
         # Chats and models can be changed only between answers.
         c = self.controls
         for widget in (c.add_model, self.chat_list, self.new_button, self.delete_button, c.target, c.draft,
-                       c.precision, c.draft_precision, c.kv_cache):
+                       c.precision, c.draft_precision, c.kv_cache, c.on_server):
             widget.setEnabled(not busy)
 
     def send(self, text: str) -> None:

@@ -10,7 +10,8 @@ from .theme import Theme
 from .token_html import RenderOptions, answer_html
 
 FINISH_TEXT = {FinishReason.STOP: "done", FinishReason.LENGTH: "length limit", FinishReason.CONTEXT: "context full",
-               FinishReason.CANCELLED: "stopped", FinishReason.INTERRUPTED: "interrupted"}
+               FinishReason.CANCELLED: "stopped", FinishReason.INTERRUPTED: "interrupted",
+               FinishReason.FAILED: "the server failed mid-answer"}
 
 
 def stats_line(stats: AnswerStats | None) -> str:

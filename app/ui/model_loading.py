@@ -33,11 +33,15 @@ class ModelLoading:
                                                 controls.mark_draft_incompatible)(source, reason))
 
     def load(self) -> None:
+        chosen = self.window.controls.load_options()
+        self.window.controller.load(chosen)
+        self._show_loading(chosen)
+
+    def _show_loading(self, chosen: LoadOptions) -> None:
         window = self.window
-        chosen = window.controls.load_options()
-        window.controller.load(chosen)
         window.set_busy(window.controller.session.busy)
-        window.statusBar().showMessage(f"Loading models: {chosen.target} + {chosen.draft}...")
+        window.statusBar().showMessage(f"Connecting to {chosen.server}..." if chosen.server else
+                                       f"Loading models: {chosen.target} + {chosen.draft}...")
         if self.progress is None:
             self.progress = QProgressDialog("Preparing models...", None, 0, 0, window)
             self.progress.setWindowTitle("SpecChat: preparing models")
@@ -59,10 +63,12 @@ class ModelLoading:
 
     def _on_failed(self, message: str, retrying: LoadOptions | None) -> None:
         self._done()
+        if self.window.controls.on_server.isChecked():
+            self.window.controls.show_server_state("not connected", message)
         self.window.statusBar().showMessage("Models not loaded")
-        if retrying is not None:
+        if retrying is not None:  # the controller loads it
             self.window.controls.show_load_options(retrying)
-            self.load()
+            self._show_loading(retrying)
         self.window.models_failed(message)
 
     def _on_ready(self, ready: ModelsReady) -> None:
@@ -73,8 +79,15 @@ class ModelLoading:
             controls.clear_draft_marks()  # they said which drafts the last target's vocabulary refused
         controls.thinking.setEnabled(ready.thinking_switchable)
         self.show_memory()
-        with_draft = f"with draft {ready.draft}" if ready.draft else "no draft model (prompt lookup)"
-        window.statusBar().showMessage(f"Ready: {ready.target}, {with_draft}", 5000)
+        served = ready.served
+        window.acceptance.show_colours_note(served.colours_note if served else "")
+        if served:
+            controls.show_served(served.models, served.model, f"Connected. {served.colours_note}")
+            window.statusBar().showMessage(f"Ready: {ready.target}", 5000)
+        elif controls.server_state.text() == "connected":  # (a failure's reason stays in view)
+            controls.show_server_state("not connected")
+            with_draft = f"with draft {ready.draft}" if ready.draft else "no draft model (prompt lookup)"
+            window.statusBar().showMessage(f"Ready: {ready.target}, {with_draft}", 5000)
         if ready.draft_refused:  # a target of another family than the draft: it runs alone
             controls.mark_draft_incompatible(ready.chosen.draft, ready.draft_refused)
             window.show_error("The draft cannot draft for this target",

@@ -41,6 +41,9 @@ def window_settings(window: MainWindow) -> list[Setting]:
         # the model pickers first and quietly: one model load after all of them, not one per picker
         *(Setting(key, str, combo.currentData, lambda value, combo=combo: select_quietly(combo, value))
           for combo, key in c.load_pickers()),
+        Setting("server_url", str, c.server_url.text, c.server_url.setText),
+        Setting("server_model", str, c.server_model.currentText, c.server_model.setCurrentText),
+        Setting("on_server", bool, c.on_server.isChecked, c.set_on_server_quietly),
         checkbox("speculative", c.speculative), spin("k", c.k, int), checkbox("adaptive", c.adaptive),
         checkbox("lookup", c.lookup),
         Setting("proposer", str, lambda: ProposerKind(c.proposer.currentData()).value,

@@ -1,0 +1,78 @@
+"""The target on a server, through the same client the window uses: here the server is another
+SpecChat (our API, real, on tiny models), which speaks vLLM's dialect; the tests against a real
+vLLM are in test_vllm_remote_target.py."""
+import time
+
+import pytest
+
+from app.chat.prompt import chat_prompt_ids
+from app.engine.api import FinishReason, GenerationOptions, SpeculativeEngine, Source, Turns
+from app.engine.remote.client import ServerError
+from app.engine.remote.engine import RemoteEngine
+from app.engine.remote.provenance import exact_sources
+from app.serve.server import ServerState
+from tests.running_server import RunningServer
+from tests.served import answer_steps, free_port
+from tests.tiny import tiny_model, tiny_tokenizer
+
+QUESTION = [{"role": "user", "content": "t5 t9 t2 t7"}]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return SpeculativeEngine(tiny_model(seed=1, context=4096), tiny_model(seed=1, context=4096))
+
+
+@pytest.fixture
+def server(engine):
+    options = GenerationOptions(k=3, adaptive=False, max_new_tokens=24)
+    running = RunningServer(ServerState(lambda: engine, "tiny", options, None, Turns(4)))
+    yield running
+    running.stop()
+
+
+def plain_ids(engine, prompt_ids, max_new_tokens):
+    assert engine._busy.acquire(timeout=10)  # the server's last answer has let go of it
+    engine._busy.release()
+    options = GenerationOptions(speculative=False, max_new_tokens=max_new_tokens)
+    return [token.id for step in engine.generate(prompt_ids, options) for token in step.tokens]
+
+
+def test_two_specchats_greedy_tokens_and_colours_are_the_servers(engine, server):
+    remote = RemoteEngine.connect(server.url + "/v1", "tiny", engine.target.tokenizer)
+    assert remote.target.context_length == 4096 and remote.speculation.spec_tokens == 3
+    prompt = chat_prompt_ids(engine.target.tokenizer, QUESTION)
+    steps = answer_steps(remote, prompt, GenerationOptions(max_new_tokens=40))
+    ids = [token.id for step in steps for token in step.tokens]
+    assert ids == plain_ids(engine, prompt, 40)
+    sources = [token.source for step in steps for token in step.tokens]
+    stats = steps[-1].stats
+    assert steps[-1].finish is FinishReason.LENGTH and steps[-1].relabelled is None
+    assert Source.ACCEPTED in sources and stats.accepted == sources.count(Source.ACCEPTED)
+    assert sources == exact_sources(list(stats.accepted_lengths), list(stats.drafted_lengths), len(ids))
+    assert stats.first_token_seconds is not None and stats.emitted == 40
+
+
+def test_connecting_says_what_is_wrong(engine, server):
+    tokenizer = engine.target.tokenizer
+    with pytest.raises(ServerError, match="serves no model named 'other'; it serves: tiny"):
+        RemoteEngine.connect(server.url, "other", tokenizer)
+    with pytest.raises(ServerError, match="cannot reach a server at http://127.0.0.1:"):
+        RemoteEngine.connect(f"127.0.0.1:{free_port()}", None, tokenizer)
+    with pytest.raises(ServerError, match="HTTP 404"):
+        RemoteEngine.connect(server.url + "/somewhere/else", None, tokenizer)
+    with pytest.raises(ServerError, match=r"tokenizer for 'tiny' differs from mine's: at token 12 of a probe text "
+                       r"the server has id 0, mine id 1 \('w1'\)"):
+        RemoteEngine.connect(server.url, None, tiny_tokenizer(96, prefix="w"), tokenizer_name="mine")
+
+
+def test_stop_ends_the_request_on_the_server(engine, server):
+    remote = RemoteEngine.connect(server.url, None, engine.target.tokenizer)
+    steps = answer_steps(remote, [5, 9, 2, 7], GenerationOptions(max_new_tokens=4000), stop_after=3)
+    assert steps[-1].finish is FinishReason.CANCELLED and steps[-1].stats.emitted < 100
+    deadline = time.monotonic() + 10
+    while server.state.turns.busy:  # the server's turn ends with its engine's thread
+        assert time.monotonic() < deadline, "the server went on with the answer"
+        time.sleep(0.05)
+    assert engine._busy.acquire(timeout=1)
+    engine._busy.release()
