@@ -37,7 +37,8 @@ def answer_of(chunks, spec_tokens=3):
 
 
 def test_a_real_vllm_stream_is_labelled_exactly_as_its_per_step_account_says():
-    steps = answer_of(stream(CHUNKS, LAST_CHUNK, PER_STEP_ACCEPTED, PER_STEP_DRAFTED))
+    empty = {"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": None}]}  # counts as no step
+    steps = answer_of([empty] + stream(CHUNKS, LAST_CHUNK, PER_STEP_ACCEPTED, PER_STEP_DRAFTED))
     assert [token.source for step in steps for token in step.tokens] == EXPECTED
     # each live step is one of the server's: the prompt's token, then its blocks
     assert [len(step.tokens) for step in steps] == CHUNKS + [LAST_CHUNK]

@@ -71,7 +71,7 @@ class ControlsPanel(QTabWidget):
         form.addRow("KV cache", self.kv_cache)
         # The target on an OpenAI-compatible server (vLLM, another SpecChat): the Target picker then
         # gives the tokenizer and chat template, and the server drafts with its own draft.
-        self.on_server = QCheckBox("on")
+        self.on_server = QCheckBox("use")
         self.on_server.setToolTip("The target served by vLLM (one GPU or a cluster) or another SpecChat. Pick the same\n"
                                   "model as Target here: its tokenizer and chat template build the prompt. The server\n"
                                   "speculates with its own draft; colours come from its per-step metrics.")

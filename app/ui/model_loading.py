@@ -84,8 +84,9 @@ class ModelLoading:
         if served:
             controls.show_served(served.models, served.model, f"Connected. {served.colours_note}")
             window.statusBar().showMessage(f"Ready: {ready.target}", 5000)
-        elif controls.server_state.text() == "connected":  # (a failure's reason stays in view)
-            controls.show_server_state("not connected")
+        else:
+            if controls.server_state.text() == "connected":  # (a failure's reason stays in view)
+                controls.show_server_state("not connected")
             with_draft = f"with draft {ready.draft}" if ready.draft else "no draft model (prompt lookup)"
             window.statusBar().showMessage(f"Ready: {ready.target}, {with_draft}", 5000)
         if ready.draft_refused:  # a target of another family than the draft: it runs alone

@@ -54,8 +54,10 @@ class LiveLabels:
 
     def label(self, tokens: int) -> list[Source]:
         """The sources of a chunk of `tokens` tokens."""
+        if tokens == 0:
+            return []
         first, self.chunks = self.chunks == 0, self.chunks + 1
-        if self.spec_tokens is None or tokens == 0:
+        if self.spec_tokens is None:
             return [Source.PLAIN] * tokens
         if first:  # the prompt's step (a merged chunk may hold the next step's block too)
             return [Source.PLAIN] + (self._block(tokens - 1) if tokens > 1 else [])
