@@ -76,3 +76,27 @@ def test_stop_ends_the_request_on_the_server(engine, server):
         time.sleep(0.05)
     assert engine._busy.acquire(timeout=1)
     engine._busy.release()
+
+
+def test_bench_speed_against_a_speculative_and_a_plain_server(engine, tmp_path):
+    """bench speed --server/--plain-server: its table for 1, 4 and 8 concurrent chats."""
+    from app.cli import build_parser
+    from app.bench.served import run_served_speed
+
+    engine.target.tokenizer.save_pretrained(tmp_path / "m")  # (only the tokenizer: the prompts are built here)
+    (tmp_path / "q.jsonl").write_text("".join(f'{{"question": "t{i} t{i + 3} t{i + 5}"}}\n' for i in range(8)))
+    servers = [RunningServer(ServerState(lambda: engine, "tiny", GenerationOptions(k=3, adaptive=False, speculative=s),
+                                         None, Turns(16))) for s in (True, False)]
+    try:
+        args = build_parser().parse_args(
+            ["bench", "speed", "--server", servers[0].url, "--plain-server", servers[1].url, "--target",
+             str(tmp_path / "m"), "--data", str(tmp_path / "q.jsonl"), "--max-new-tokens", "12"])
+        result = run_served_speed(args)
+    finally:
+        for server in servers:
+            server.stop()
+    assert [(row["mode"], row["chats"]) for row in result["rows"]] == [
+        ("speculative", 1), ("speculative", 4), ("speculative", 8), ("plain", 1), ("plain", 4), ("plain", 8)]
+    assert all(row["tokens"] == 12 * row["chats"] for row in result["rows"])
+    assert result["rows"][0]["acceptance_rate"] > 0.5 and result["rows"][3]["acceptance_rate"] is None
+    assert result["greedy_identical"] == {"answers": 13, "identical": 13}  # our engine: exactly the target's
