@@ -74,7 +74,7 @@ def run_served_speed(args: argparse.Namespace) -> dict:
     options = generation_options(args, max_new_tokens=args.max_new_tokens)
     rows, answers = [], {}
     for mode, engine in engines.items():
-        list(engine.generate(prompts[0], replace(options, max_new_tokens=4)))  # the server's first request warms it
+        _chats(engine, prompts[:1], replace(options, max_new_tokens=4))  # the server's first request warms it
         for chats in CHATS:
             runs, wall = _chats(engine, prompts[:chats], options)
             answers[mode, chats] = [run.ids for run in runs]
