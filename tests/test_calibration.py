@@ -1,4 +1,5 @@
-"""Costs remembered between starts: timed once per models, precision, kernel build, threads and CPU."""
+"""Costs remembered between starts: timed once per models, precision and hardware (a GPU by its
+name; on the CPU the kernel build, threads and processor)."""
 import pytest
 
 from app.engine.models import decoder
@@ -36,6 +37,20 @@ def test_another_kernel_build_is_timed_again(tiny_target, tiny_draft, tmp_path, 
     calibrate_remembered(SpeculativeEngine(tiny_target, tiny_draft), path)
     monkeypatch.setattr(kernel, "build_id", lambda: "another build")
     assert calibrate_remembered(SpeculativeEngine(tiny_target, tiny_draft), path) is False
+
+
+def test_a_gpu_is_keyed_by_its_name_and_never_builds_the_cpu_kernel(monkeypatch):
+    """The key as a CUDA machine makes it (the GPU's name injected where torch is asked for it)."""
+    import torch
+
+    from app.engine.calibration import _hardware
+
+    monkeypatch.setattr(kernel, "build_id", lambda: pytest.fail("the CPU kernel was built for a GPU's costs"))
+    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA GeForce RTX 4090"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names[device.index])
+    first, second = _hardware(torch.device("cuda", 0)), _hardware(torch.device("cuda", 1))
+    assert first == "cuda:0 NVIDIA H100 80GB HBM3" and second == "cuda:1 NVIDIA GeForce RTX 4090"
+    assert _hardware(torch.device("mps")) == "mps"
 
 
 def _no_timing(*args, **kwargs):

@@ -1,8 +1,8 @@
 """Draft and verification costs remembered between starts.
 
 Timing the models (engine.calibrate) takes one to two seconds of every start. The figures
-belong to the models, their precision, the kernel build, the thread count and the CPU, so they
-are kept per such key in the user cache; steps refine them as before. A missing, unreadable or
+belong to the models, their precision and the hardware (a GPU by its name; on the CPU the kernel
+build, the thread count and the processor), so they are kept per such key in the user cache; steps refine them as before. A missing, unreadable or
 unwritable file only means the models are timed again.
 """
 from __future__ import annotations
@@ -51,8 +51,17 @@ def _key(engine: SpeculativeEngine) -> str:
     draft = f"{engine.draft.name} ({engine.draft.label})" if engine.draft else "no draft"
     if engine.draft_vocabulary:
         draft += f", drafting {engine.draft_vocabulary.common} common tokens"
-    return (f"{engine.target.name} ({engine.target.label}) | {draft} | {engine.target.model.device} | "
-            f"kernel {kernel.build_id()} | {torch.get_num_threads()} threads | {_cpu()}")
+    return f"{engine.target.name} ({engine.target.label}) | {draft} | {_hardware(engine.target.model.device)}"
+
+
+def _hardware(device: torch.device) -> str:
+    """What the timings depend on besides the models: a GPU's name; on the CPU the low-bit
+    kernel's build, the threads and the processor (a GPU machine never builds the CPU kernel)."""
+    if device.type == "cuda":
+        return f"{device} {torch.cuda.get_device_name(device)}"
+    if device.type != "cpu":
+        return str(device)
+    return f"{device} | kernel {kernel.build_id()} | {torch.get_num_threads()} threads | {_cpu()}"
 
 
 def _cpu() -> str:
