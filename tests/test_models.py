@@ -410,3 +410,19 @@ def test_a_model_folders_own_code_never_runs_even_when_a_user_would_say_yes(tmp_
                          env={**__import__("os").environ, "SPECCHAT_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"})
     assert not (folder / "ran").exists(), run.stdout + run.stderr
     assert run.stdout.split() == ["refused"] * 3, run.stdout + run.stderr[-2000:]
+
+
+def test_a_cuda_card_without_bfloat16_runs_in_float16(monkeypatch):
+    """What torch says of the card, injected where it is asked."""
+    import torch
+
+    from app.engine.models.loading import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    device, dtype, said = pick_device()
+    assert (device.type, dtype) == ("cuda", torch.float16) and said == "CUDA: Tesla T4 (float16: this card has no bfloat16)"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    assert pick_device()[1:] == (torch.bfloat16, "CUDA: NVIDIA H100 80GB HBM3 (bfloat16)")

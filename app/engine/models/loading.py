@@ -9,7 +9,8 @@ repacked once into the kernel's layout and cached; `4bit` re-quantizes every mat
 what is emitted); `fp32` dequantizes to float32 (the reference; cached as safetensors); `int8` is
 fp32 with dynamically quantized int8 linears. A model folder in fp16/bf16/fp32 (or a hub id's, in
 the local Hugging Face cache) is quantized on its first start, one tensor at a time, to 8 bits
-(`lowbit`) or as `4bit` and `3bit` say, and cached likewise. On CUDA every model runs in bfloat16.
+(`lowbit`) or as `4bit` and `3bit` say, and cached likewise. On CUDA every model runs in bfloat16
+(float16 on cards without it).
 """
 from __future__ import annotations
 
@@ -99,7 +100,11 @@ def cache_dir() -> Path:
 def pick_device() -> tuple[torch.device, torch.dtype, str]:
     """The device, its dtype, and why, in words for the UI."""
     if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16, f"CUDA: {torch.cuda.get_device_name(0)}"
+        name = torch.cuda.get_device_name(0)
+        if torch.cuda.is_bf16_supported():
+            return torch.device("cuda"), torch.bfloat16, f"CUDA: {name} (bfloat16)"
+        # cards before Ampere have no bfloat16 arithmetic: float16 keeps them on the GPU
+        return torch.device("cuda"), torch.float16, f"CUDA: {name} (float16: this card has no bfloat16)"
     return torch.device("cpu"), torch.float32, "CPU: no CUDA device visible to torch"
 
 
@@ -112,7 +117,7 @@ def load_model(
     packed_linear: bool = True,
     held: int = 0,
 ) -> LoadedModel:
-    """precision: see the module's notes; ignored on CUDA (bfloat16).
+    """precision: see the module's notes; ignored on CUDA (bfloat16, or float16: pick_device).
     packed_linear: fp32 on CPU runs its linears through pre-packed oneDNN weights (same
     precision, about twice as fast at decoding batch sizes).
     held: the bytes the models already loaded beside this one take (its pair's other model)."""
