@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from app.engine.models import defaults as default_models
 from app.engine.engine import GenerationOptions, SpeculativeEngine
@@ -414,8 +415,6 @@ def test_a_model_folders_own_code_never_runs_even_when_a_user_would_say_yes(tmp_
 
 def test_a_cuda_card_without_bfloat16_runs_in_float16(monkeypatch):
     """What torch says of the card, injected where it is asked."""
-    import torch
-
     from app.engine.models.loading import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -426,3 +425,31 @@ def test_a_cuda_card_without_bfloat16_runs_in_float16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
     assert pick_device()[1:] == (torch.bfloat16, "CUDA: NVIDIA H100 80GB HBM3 (bfloat16)")
+
+
+def test_a_gpus_float_copy_of_a_gguf_is_labelled_fp32_and_keeps_the_cpus_low_bit_copy(tmp_path, monkeypatch):
+    """On a GPU (here the meta device: any but the CPU) a GGUF loads from its float32 copy whatever
+    CPU precision the pickers show; that copy must say fp32, or noting it deletes the CPU's
+    low-bit copy of the same file (and the next CPU start the float one)."""
+    from app.engine.models import loading as models, prepared_copies
+    from app.engine.lowbit import loader
+    from app.engine.lowbit.modules import quantize_model
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(EMPTY_GGUF)  # only its name, size and time key the prepared copies here
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    tiny = tiny_model(seed=1)
+
+    def dequantized(path, folder, name, report):  # stands in for transformers' reading of the GGUF
+        tiny.model.save_pretrained(folder)
+        tiny.tokenizer.save_pretrained(folder)
+        return folder
+
+    monkeypatch.setattr(loader, "load_gguf_lowbit", lambda *args, **kwargs: quantize_model(tiny_model(seed=1).model, 8))
+    monkeypatch.setattr(models, "_gguf_tokenizer", lambda path, model_type: tiny.tokenizer)
+    monkeypatch.setattr(models, "_dequantized", dequantized)
+    load_model(str(gguf))  # the CPU's low-bit copy
+    on_gpu = load_model(str(gguf), "meta", torch.bfloat16, precision="lowbit")
+    assert on_gpu.precision == "bfloat16"
+    labels = sorted((copy.precision, copy.path.name.startswith("model")) for copy in prepared_copies.copies())
+    assert labels == [("fp32", True), ("lowbit", True)], labels

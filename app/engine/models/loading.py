@@ -144,7 +144,9 @@ def load_model(
         model = _from_pretrained(folder, dtype=dtype, **_local_only(folder))
         tokenizer = _tokenizer(folder)
         if isinstance(folder, Path) and folder.parent == cache_dir():  # a float32 copy of a GGUF
-            prepared.note_use(folder, prepared.noted_source(source), prepared.noted_precision(precision))
+            # (labelled with what it holds, whatever precision the CPU would run: on a GPU, the
+            # low-bit choice left in the pickers must not name it, or the CPU's low-bit copy goes)
+            prepared.note_use(folder, prepared.noted_source(source), Precision.FP32.value)
     except ModelError:
         raise
     except Exception as error:
