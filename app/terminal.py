@@ -42,7 +42,7 @@ def run_terminal_chat(args: argparse.Namespace) -> int:
     colour = sys.stdout.isatty()
     legend = " ".join(f"{ANSI[s]}{s.value}{RESET}" for s in Source) if colour else ""
     drafting = f"draft {engine.draft.name}: {engine.draft.label}" if engine.draft else "no draft model"
-    if getattr(engine, "served_by", None):  # a target on a server drafts with the server's own draft
+    if engine.served_by:  # a target on a server drafts with the server's own draft
         drafting = engine.speculation.note
     print(f"Ready ({target.name}: {target.label}; {drafting}). "
           f"{CONTINUE} goes on with an answer cut short; an empty line or Ctrl-D quits. {legend}", file=sys.stderr)

@@ -179,7 +179,7 @@ class ChatController:
     @property
     def served_by(self) -> str | None:
         """The server's address when the target runs there (None: here, or nothing loaded)."""
-        return getattr(self.engine, "served_by", None)
+        return self.engine.served_by if self.engine is not None else None
 
     def memory(self) -> tuple[str, str] | None:
         """(the models' weights and what their caches take now, the line's explanation)."""

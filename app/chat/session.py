@@ -201,8 +201,8 @@ class ChatSession:
         made_with = options
         if continues is not None:
             made_with = replace(options, max_new_tokens=len(continues.stats.token_ids) + options.max_new_tokens)
-        served_by = getattr(engine, "served_by", None)  # a target on a server: its own speculation
-        mode = f"served at {served_by}" if served_by else describe(options, engine.draft is not None)
+        # a target on a server: its own speculation
+        mode = f"served at {engine.served_by}" if engine.served_by else describe(options, engine.draft is not None)
         self.builder = AnswerBuilder(tokenizer, mode, len(prompt_ids),
                                      engine.target.context_length, settings_of(made_with), continues)
         if continues is not None:

@@ -30,6 +30,8 @@ ANSWERED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT)
 
 
 class SpeculativeEngine:
+    served_by: str | None = None  # the models run here (a RemoteEngine names its server)
+
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None,
                  draft_vocabulary: int = COMMON_TOKENS, kv_cache: torch.dtype | None = None) -> None:
         """draft_vocabulary: a low-bit draft drafts only this many most common tokens and
