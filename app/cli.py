@@ -86,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                 from .ui.stream_benchmark import run_ui
 
                 run_ui(args)
+            elif args.cpu_paths:
+                from .bench.cpu_paths import run_cpu_paths
+
+                run_cpu_paths(args)
             elif args.server or args.plain_server:
                 from .bench.served import run_served_speed
 

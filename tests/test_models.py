@@ -413,20 +413,6 @@ def test_a_model_folders_own_code_never_runs_even_when_a_user_would_say_yes(tmp_
     assert run.stdout.split() == ["refused"] * 3, run.stdout + run.stderr[-2000:]
 
 
-def test_a_cuda_card_without_bfloat16_runs_in_float16(monkeypatch):
-    """What torch says of the card, injected where it is asked."""
-    from app.engine.models.loading import pick_device
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Tesla T4")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
-    device, dtype, said = pick_device()
-    assert (device.type, dtype) == ("cuda", torch.float16) and said == "CUDA: Tesla T4 (float16: this card has no bfloat16)"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
-    assert pick_device()[1:] == (torch.bfloat16, "CUDA: NVIDIA H100 80GB HBM3 (bfloat16)")
-
-
 def test_a_gpus_float_copy_of_a_gguf_is_labelled_fp32_and_keeps_the_cpus_low_bit_copy(tmp_path, monkeypatch):
     """On a GPU (here the meta device: any but the CPU) a GGUF loads from its float32 copy whatever
     CPU precision the pickers show; that copy must say fp32, or noting it deletes the CPU's

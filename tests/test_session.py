@@ -334,3 +334,22 @@ def test_a_regenerated_answer_is_saved_as_it_grows(tmp_path, engine):
     assert last.stats.finish is FinishReason.INTERRUPTED and last.stats.emitted > 0
     run(reopened, engine, reopened.regenerate(engine, sampled))  # a whole one adds one version more, not two
     assert len(reopened.conversation.messages[-1].versions) == 3
+
+
+def test_compare_says_why_greedy_texts_may_differ_only_where_they_may(tmp_path, engine):
+    """On the CPU greedy texts must agree, and Compare excuses nothing; on a GPU (its engine's
+    rounding note) a difference is said to come from rounding, and the note is kept with the chat."""
+    from app.engine.engine import GPU_ROUNDING
+    from app.ui.message_html import comparison_html
+
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    answer = run(session, engine, session.ask("t3 t4", engine, options(max_new_tokens=8)))
+    run(session, engine, session.compare(engine, options()))
+    assert engine.rounding_note is None and answer.stats.comparison.rounding_note is None
+    on_cpu = replace(answer.stats.comparison, identical=False, first_difference=12)
+    assert "(expected only when sampling with temperature &gt; 0)" in comparison_html(on_cpu)
+    on_gpu = replace(on_cpu, rounding_note=GPU_ROUNDING)
+    assert "greedy, on a GPU a pass over several tokens rounds otherwise" in comparison_html(on_gpu)
+    answer.set_stats(replace(answer.stats, comparison=on_gpu))
+    session.store.update_message(answer)
+    assert session.store.load_chat(session.conversation.id).messages[-1].stats.comparison == on_gpu

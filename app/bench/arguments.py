@@ -20,6 +20,9 @@ def speed_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp (the optional .[peers] extra)")
     parser.add_argument("--no-packed-linear", action="store_true",
                         help="lever off (fp32 only): PyTorch's default fp32 linear instead of pre-packed oneDNN weights")
+    parser.add_argument("--cpu-paths", action="store_true",
+                        help="instead: the kernel, the path of a machine without it (int8 through torch's matmul) "
+                             "and the fp32 reference, plain and speculative, on the same prompts")
     parser.add_argument("--json", type=Path, help="write the results here")
     add_server_arguments(parser)
     parser.add_argument("--plain-server", default="", metavar="URL",

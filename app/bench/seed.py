@@ -13,7 +13,8 @@ from tqdm import tqdm
 
 from ..chat.prompt import chat_prompt_ids
 from ..engine.engine import GenerationOptions, SpeculativeEngine
-from ..engine.models.loading import load_model, pick_device
+from ..engine.devices import pick_device
+from ..engine.models.loading import load_model
 from ..engine.flags import generation_options, load_options
 from .tasks import TASKS, Task
 

@@ -18,7 +18,8 @@ from ..chat.prompt import chat_prompt_ids
 from ..engine.models.decoder import cached as cached_forward, pass_seconds
 from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.lowbit.skeleton import as_transformers
-from ..engine.models.loading import LoadedModel, load_model, pick_device
+from ..engine.devices import pick_device
+from ..engine.models.loading import LoadedModel, load_model
 from ..engine.steps import Stats
 from ..engine.flags import generation_options, load_options
 from . import llama_peer
@@ -326,6 +327,7 @@ def run_speed(args: argparse.Namespace) -> dict:
         "decode_speedup_vs_llama_cpp_plain": round(decode["speculative"] / decode["llama.cpp_plain"], 3)
         if decode.get("llama.cpp_plain") else None,
         "identical": identical,  # ours: speculative == plain greedy on every prompt, the long one too
+        "rounding_note": engine.rounding_note,  # why they may differ on this device (None: they cannot)
         "prompts_matching_our_plain": agreement,
         "llama_cpp_speculative_matching_its_plain": sum(
             r["modes"]["llama.cpp_speculative"]["same_as_llama_plain"] for r in per_prompt) if "llama.cpp_plain" in modes else None,
@@ -372,7 +374,8 @@ def format_table(result: dict) -> str:
                     if result.get("decode_speedup_vs_llama_cpp_plain") else "")
     memory = result["memory"]
     lines.append(f"\nspeedup vs plain: {result['speedup_vs_plain']:.2f}x{versus_hf}{versus_llama}; "
-                 f"identical: {str(result['identical']).lower()}")
+                 f"identical: {str(result['identical']).lower()}"
+                 + (f" ({result['rounding_note']})" if result.get("rounding_note") else ""))
     total = result["config"]["limit"]
     lines.append("prompts whose output equals our plain greedy output: " + ", ".join(
         f"{name} {count}/{total}" for name, count in result["prompts_matching_our_plain"].items())

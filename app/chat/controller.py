@@ -94,8 +94,10 @@ class ChatController:
             call_soon(loop, lambda: self.models.is_current(ticket) and self.load_progress.emit(stage, fraction))
 
         def job() -> SpeculativeEngine | None:
+            nonlocal leaving
             if leaving is not None:
                 leaving.save_caches()  # waits for the read-ahead told to stop
+                leaving = None  # no longer held here: a replaced model's memory goes before the next loads
             return self.models.engine(ticket, chosen, report)
 
         error = None

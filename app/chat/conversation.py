@@ -33,19 +33,21 @@ class Comparison:
     plain_tokens_per_s: float
     identical: bool
     first_difference: int | None = None  # character where the two texts first differ
+    rounding_note: str | None = None  # why greedy texts may differ on the device that ran them (a GPU)
 
     @property
     def speedup(self) -> float:
         return self.speculative_tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
 
     @classmethod
-    def of(cls, answer: Message, plain: Message) -> Comparison:
+    def of(cls, answer: Message, plain: Message, rounding_note: str | None = None) -> Comparison:
         identical = answer.stats.token_ids == plain.stats.token_ids
         first = None
         if not identical:
             a, b = answer.content, plain.content
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        return cls(round(answer.stats.decode_tokens_per_s, 3), round(plain.stats.decode_tokens_per_s, 3), identical, first)
+        return cls(round(answer.stats.decode_tokens_per_s, 3), round(plain.stats.decode_tokens_per_s, 3), identical, first,
+                   rounding_note)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ class Request:
     kind: RequestKind
     prompt_ids: list[int]
     options: GenerationOptions
+    rounding_note: str | None = None  # the engine's: why greedy output may part between its modes
 
 
 def describe(options: GenerationOptions, draft_model: bool = True) -> str:
@@ -207,7 +208,7 @@ class ChatSession:
                                      engine.target.context_length, settings_of(made_with), continues)
         if continues is not None:
             prompt_ids += continues.stats.token_ids
-        self.request = Request(kind, prompt_ids, options)
+        self.request = Request(kind, prompt_ids, options, engine.rounding_note)
         self._saved_at, self._streaming_id, self._version_saved = self.clock(), None, False
         return self.request
 
@@ -251,7 +252,8 @@ class ChatSession:
             answer = self.last_answer()
             if answer is None:
                 return None
-            answer.set_stats(replace(answer.stats, comparison=Comparison.of(answer, builder.message())))
+            answer.set_stats(replace(answer.stats, comparison=Comparison.of(answer, builder.message(),
+                                                                                  request.rounding_note)))
             self._save(lambda: self.store.update_message(answer))
             return answer
         if request.kind is RequestKind.REGENERATE:

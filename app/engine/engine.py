@@ -29,6 +29,13 @@ from .steps import FinishReason, Step
 ANSWERED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT)
 
 
+# Greedy speculative output equals plain output token for token on the CPU, whose linear layers
+# and attention compute each row of a pass alike whatever the pass's width. A GPU's do not.
+GPU_ROUNDING = ("on a GPU a pass over several tokens rounds otherwise than a pass over one, and a near-tie "
+                "between two tokens can go either way (each is still the target's choice; sampled, the "
+                "distribution is exactly the target's)")
+
+
 class SpeculativeEngine:
     served_by: str | None = None  # the models run here (a RemoteEngine names its server)
 
@@ -49,6 +56,11 @@ class SpeculativeEngine:
         self.costs = CostModel()  # what a draft token and a verification cost here, across requests
         self._saved_root: Path | None = None  # where the models' caches are saved between runs
         self._busy = threading.Lock()
+
+    @property
+    def rounding_note(self) -> str | None:
+        """Why greedy speculative output may part from plain output here, or None where it cannot."""
+        return None if self.target.model.device.type == "cpu" else GPU_ROUNDING
 
     @classmethod
     def for_pair(cls, target: LoadedModel, draft: LoadedModel, draft_vocabulary: int = COMMON_TOKENS,
@@ -114,7 +126,7 @@ class SpeculativeEngine:
         models = self._cached_models()
         per_token = sum(model.bytes_per_token for model in models)
         if sum(model.cache_bytes for model in models) < tokens * per_token:
-            check_caches_fit(tokens, per_token)
+            check_caches_fit(tokens, per_token, self.target.model.device)
 
     def forget(self) -> None:
         """Empty both models' caches and their kept copies: the next request reads its whole
@@ -135,7 +147,8 @@ class SpeculativeEngine:
             if model.reuses_prefix and folder is not None:
                 arithmetic = (f"{model.cache_dtype}, kernel {kernel.build_id()}" if model.cache_dtype is not None
                               else "transformers")
-                fingerprint = model_fingerprint(loaded.model, loaded.precision, arithmetic, str(model.device))
+                # the label names what runs the layers too (the kernel, or torch's int8 matmul)
+                fingerprint = model_fingerprint(loaded.model, loaded.label, arithmetic, str(model.device))
                 if fingerprint not in stores:
                     stores[fingerprint] = SavedPrefixes(folder / fingerprint)
                 model.saved = stores[fingerprint]

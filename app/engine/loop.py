@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .devices import synchronize
 from .models.decoder import Decoder
 from .errors import PromptTooLongError
 from .policy import DraftLengthPolicy, StepOutcome
@@ -170,11 +171,11 @@ def _provenance(draft: Draft, n_accepted: int, next_token: int, target_probs: to
 
 
 class _Clock:
-    """Wall time; on CUDA it waits for the device first, so time lands in the right phase."""
+    """Wall time; on a GPU it waits for the device first, so time lands in the right phase."""
 
     def __init__(self, device: torch.device) -> None:
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.device = device
 
     def now(self) -> float:
-        self.sync()
+        synchronize(self.device)
         return time.perf_counter()

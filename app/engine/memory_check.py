@@ -16,6 +16,10 @@ a model's need counts the other model's memory, already taken.
 A request's caches are checked against the memory left now (check_caches_fit): they grow with
 every token, and a long prompt (a pasted file, a 128k-token context) would otherwise end in the
 system's out-of-memory killer halfway through its reading.
+
+On a GPU (check_float_load) a model is checked against the GPU's free memory at 2 bytes per weight
+(bfloat16 or float16), the machine's memory that reads it first, and on a GGUF's first start the
+disk its float32 copy takes (4 bytes per weight); a request's caches against the GPU's memory.
 """
 from __future__ import annotations
 
@@ -24,22 +28,28 @@ import math
 import struct
 from pathlib import Path
 
+from . import devices
 from .choices import Precision
 from .errors import ModelError, PromptTooLongError
 
 RESERVE = 1.5 * 2**30  # the system, the app itself (Python, torch, Qt) and the other model's buffers
 REPACK_PEAK = 1.35
 QUANTIZING_PEAK = 1.2
+# Without the kernel (lowbit/fallback) an int8 copy of 1 byte per weight joins the packed blocks,
+# which the store keeps in one buffer: about three times a 4-bit file's bytes in all
+WITHOUT_KERNEL_PEAK = 3.0
 WORKSPACE = 256 * 2**20  # a pass's activations and buffers beside the caches
+GPU_WORKSPACE = 512 * 2**20  # on a GPU beside the weights: a pass's activations, the caches' first tokens
 
 
 def check_fits(name: str, path: Path | None, size: int | None, precision: Precision, prepared: bool,
-               held: int = 0) -> None:
+               held: int = 0, without_kernel: bool = False) -> None:
     """Raises ModelError when `name` needs more memory than this machine has in all. path: the GGUF
     file or model folder (None: unknown, e.g. a hub id: not checked); size: a packaged GGUF's size
     when its file is not assembled yet; prepared: a low-bit copy is already stored (no repacking);
-    held: what the models already loaded beside it take (the pair's other model)."""
-    need, why = needed_bytes(path, size, precision, prepared)
+    held: what the models already loaded beside it take (the pair's other model); without_kernel:
+    its low-bit layers get an int8 copy for torch's matmul (lowbit/fallback)."""
+    need, why = needed_bytes(path, size, precision, prepared, without_kernel)
     if need is None:
         return
     total = _total_memory()
@@ -52,10 +62,61 @@ def check_fits(name: str, path: Path | None, size: int | None, precision: Precis
         )
 
 
-def check_caches_fit(tokens: int, bytes_per_token: int) -> None:
+def check_float_load(name: str, weights: int | None, copy_bytes: int, element_bytes: int, device, cache: Path) -> None:
+    """Raises ModelError, naming the sizes, when a float model cannot load onto a GPU (device): the
+    disk its first start writes (copy_bytes: a GGUF's float32 copy, and the packaged file assembled
+    beside it; 0 when written already), the host memory reading it takes (float32 while a GGUF is
+    dequantized, else element_bytes per weight before it moves), or the GPU's memory free now."""
+    if weights is None:
+        return
+    if copy_bytes:
+        free = disk_free(cache)
+        if copy_bytes > free:
+            raise ModelError(
+                f"Not enough disk space in {cache} to prepare {name} for the GPU: its float32 copy takes about "
+                f"{copy_bytes / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free. Free some space, or set "
+                "SPECCHAT_CACHE to a folder on another disk.")
+    host, total = (4 if copy_bytes else element_bytes) * weights, _total_memory()
+    if host + RESERVE > total:
+        raise ModelError(
+            f"{name} needs about {host / 2**30:.1f} GiB of this machine's memory to read its {weights / 1e9:.1f} "
+            f"billion weights {'as float32' if copy_bytes else 'before they move to the GPU'}, and it has "
+            f"{total / 2**30:.1f} GiB in all. Pick a smaller model.")
+    room = devices.free_memory(device)
+    need = element_bytes * weights + GPU_WORKSPACE
+    if room is not None and need > room[0]:
+        free, total = room
+        raise ModelError(
+            f"{name} needs about {need / 2**30:.1f} GiB of GPU memory ({weights / 1e9:.1f} billion weights at "
+            f"{element_bytes} bytes, and room to run), and {devices.device_name(device)} has {free / 2**30:.1f} GiB "
+            f"free of {total / 2**30:.1f} GiB. Pick a smaller model, close what else uses the GPU, or run on the "
+            "CPU at low bit (SPECCHAT_DEVICE=cpu).")
+
+
+def disk_free(folder: Path) -> int:
+    """Bytes free on the disk that holds `folder` (or its nearest existing parent)."""
+    import shutil
+
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def weight_count(path: Path | None) -> int | None:
+    """Weights in a GGUF file or a model folder, from their headers; None when not told."""
+    if path is None:
+        return None
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return _gguf_weights(path)
+    return _folder_weights(path) if path.is_dir() else None
+
+
+def check_caches_fit(tokens: int, bytes_per_token: int, device=None) -> None:
     """Raises PromptTooLongError, as for a prompt longer than the context, when caches holding
-    `tokens` tokens (at bytes_per_token for all the models together) do not fit the memory left."""
-    need, left = tokens * bytes_per_token + WORKSPACE, memory_left()
+    `tokens` tokens (at bytes_per_token for all the models together) do not fit the memory left:
+    the machine's, or on a GPU (device) the GPU's."""
+    room = devices.free_memory(device) if device is not None else None
+    need, left = tokens * bytes_per_token + WORKSPACE, memory_left() if room is None else room[0]
     if need > left:
         raise PromptTooLongError(
             f"The prompt and the answer's room ({tokens:,} tokens) need about {need / 2**30:.1f} GiB of memory for "
@@ -100,11 +161,14 @@ def _control_group_room() -> int | None:
         return None
 
 
-def needed_bytes(path: Path | None, size: int | None, precision: Precision, prepared: bool) -> tuple[int | None, str]:
+def needed_bytes(path: Path | None, size: int | None, precision: Precision, prepared: bool,
+                 without_kernel: bool = False) -> tuple[int | None, str]:
     """(bytes at the load's peak, what they are for), or (None, "") when they cannot be told."""
     gguf = size is not None or (path is not None and path.suffix.lower() == ".gguf" and path.is_file())
     if gguf and precision.low_bit:
         file_size = size if size is not None else path.stat().st_size
+        if without_kernel:
+            return int(file_size * WITHOUT_KERNEL_PEAK), "with the int8 copy torch's matmul runs (no kernel on this machine)"
         if prepared:
             return file_size, "at low bit"
         return int(file_size * REPACK_PEAK), "while its first start repacks it"
@@ -116,6 +180,8 @@ def needed_bytes(path: Path | None, size: int | None, precision: Precision, prep
         if weights is not None and precision.low_bit:
             bits = max(b for b in precision.requantized_bits if b) if any(precision.requantized_bits) else 8
             need = weights * (bits + 1) / 8
+            if without_kernel:
+                return int(need + weights), "with the int8 copy torch's matmul runs (no kernel on this machine)"
             if prepared:
                 return int(need), f"at {bits} bits"
             return int(need * QUANTIZING_PEAK), f"while its first start quantizes it to {bits} bits"

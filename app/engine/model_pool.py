@@ -14,6 +14,7 @@ pair it was and not load it again blindly.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -42,7 +43,7 @@ class ModelPool:
         self.load_marker = load_marker
         self.crashed_load = _left_marker(load_marker)  # {"target", "draft"}: a load an earlier run died in
         self.device_text: str | None = None  # in words for the UI, once the first load picked the device
-        self.models: dict[tuple[str, Precision], LoadedModel] = {}  # (source, precision) -> model
+        self.models: dict[tuple[str, Precision | None], LoadedModel] = {}  # (source, precision; None on a GPU) -> model
         self._lock = threading.Lock()
         self._ticket = 0
 
@@ -61,23 +62,30 @@ class ModelPool:
         target's is dropped (SpeculativeEngine.for_pair)."""
         from .calibration import calibrate_remembered
         from .engine import SpeculativeEngine
-        from .models.loading import load_model, pick_device
+        from .devices import pick_device, release_cached
+        from .models.loading import load_model
 
         if chosen.server:
             return self._served(ticket, chosen, report)
-        keys = [(chosen.target, chosen.precision), (chosen.draft, chosen.draft_precision)]
         with self._lock:
             device, dtype, self.device_text = pick_device()
             if not self.is_current(ticket):
                 return None
-            for key in [key for key in self.models if key not in keys]:
+            picked = [(chosen.target, chosen.precision), (chosen.draft, chosen.draft_precision)]
+            # a GPU runs every precision as the one float model: a picker's change reloads nothing
+            keys = [(source, precision if device.type == "cpu" else None) for source, precision in picked]
+            replaced = [key for key in self.models if key not in keys]
+            for key in replaced:
                 del self.models[key]  # free a replaced model before loading the next
+            if replaced:
+                gc.collect()  # the engine that used it went with the window's last reference
+                release_cached(device)  # on a GPU: its memory back for the next model
             self._mark(chosen)
             try:
-                for key in keys:
+                for key, (source, precision) in zip(keys, picked):
                     if key not in self.models:  # checked for memory beside the model already loaded
                         held = sum(model.memory_bytes for model in self.models.values())
-                        self.models[key] = (self.load or load_model)(key[0], device, dtype, report, precision=key[1],
+                        self.models[key] = (self.load or load_model)(source, device, dtype, report, precision=precision,
                                                                      held=held)
                     if not self.is_current(ticket):
                         return None

@@ -8,6 +8,7 @@ from typing import Protocol
 
 import torch
 
+from .devices import synchronize
 from .models.decoder import Decoder
 from .draft_vocabulary import DraftVocabulary
 from .kv.kept_prefixes import keep_prefix
@@ -174,8 +175,7 @@ class DraftModelProposer(_Committed):
         if catch_up_tokens:
             start = time.perf_counter()
             self.model.feed(torch.tensor(pending[:-1], dtype=torch.long))
-            if self.model.device.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(self.model.device)
             catch_up_seconds = time.perf_counter() - start
             pending = pending[-1:]
         logits = self._logits(pending)

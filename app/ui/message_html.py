@@ -30,9 +30,10 @@ def stats_line(stats: AnswerStats | None) -> str:
 
 def comparison_html(comparison: Comparison) -> str:
     """Compare's result in one line: both decoding speeds, the speedup, and whether the texts agree."""
+    why = (f"sampling with temperature > 0 draws otherwise; greedy, {comparison.rounding_note}"
+           if comparison.rounding_note else "expected only when sampling with temperature > 0")
     same = ("<b>identical texts</b>" if comparison.identical else
-            f"<b>texts differ from character {comparison.first_difference}</b> "
-            "(expected only when sampling with temperature > 0)")
+            f"<b>texts differ from character {comparison.first_difference}</b> ({escape(why)})")
     return (f"speculative {comparison.speculative_tokens_per_s:.2f} tok/s vs plain "
             f"{comparison.plain_tokens_per_s:.2f} tok/s decoding: <b>{comparison.speedup:.2f}x</b>, {same}")
 

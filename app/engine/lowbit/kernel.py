@@ -31,7 +31,7 @@ HEADERS = [HERE / "kernel.h", HERE / "vec16.h"]
 COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 # one per build, all loadable at once
 MODULE_NAMES = {isa: "specchat_lowbit" if isa == "avx512" else f"specchat_lowbit_{isa}" for isa in ISAS}
-KERNEL_NAMES = {"avxvnni": "AVX-VNNI", "avx2": "AVX2", "vnni256": "AVX-VNNI (AVX-512 encoding)"}  # shown beside the precision
+KERNEL_NAMES = {"avx512": "AVX-512", "avxvnni": "AVX-VNNI", "avx2": "AVX2", "vnni256": "AVX-VNNI (AVX-512 encoding)"}  # shown beside the precision
 
 
 # SPECCHAT_SANITIZE=1: a build that checks every memory access and undefined operation (the

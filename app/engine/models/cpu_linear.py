@@ -71,6 +71,9 @@ def model_bytes(model: nn.Module) -> int:
     for buffer in model.buffers():
         if buffer.is_mkldnn:
             collect(buffer)
+    for module in model.modules():  # torch's packed int8 weights are no tensors (lowbit/fallback)
+        if hasattr(module, "weight_bytes"):
+            opaque[id(module)] = module.weight_bytes
     total, end = 0, 0
     for first, last in sorted(ranges):  # the union of the ranges
         total += max(0, last - max(first, end))

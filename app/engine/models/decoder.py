@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from ..devices import synchronize
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -58,13 +60,15 @@ class Decoder(Protocol):
 
 def cached(model: PreTrainedModel, vocab_width: int | None = None, cache_dtype: torch.dtype | None = None) -> Decoder:
     """The cached forward a model runs with: the lean decoder for low-bit Llama/Qwen2/Qwen3/Gemma 3
-    models (cache_dtype: its native KV cache's, see lean_decoder), transformers' own forward
+    models, with the kernel or without it (cache_dtype: its native KV cache's, see lean_decoder),
+    transformers' own forward
     otherwise (every float model: the reference path)."""
     from ..lowbit.modules import LowBitLinear
     from . import lean_decoder
     from .transformers_decoder import TransformersDecoder
 
-    if lean_decoder.supports(model) and any(isinstance(m, LowBitLinear) for m in model.modules()):
+    low_bit = getattr(model, "runs_without_kernel", False) or any(isinstance(m, LowBitLinear) for m in model.modules())
+    if lean_decoder.supports(model) and low_bit:
         return lean_decoder.LeanDecoder(model, vocab_width, cache_dtype)
     return TransformersDecoder(model, vocab_width)
 
@@ -86,8 +90,7 @@ def pass_seconds(model, sizes: Iterable[int], vocabulary=None, context: int = 32
             model.rollback(context)
             start = time.perf_counter()
             model.forward(torch.arange(n) % vocab, keep=n, **over)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(model.device)
             seconds[n] = min(seconds.get(n, float("inf")), time.perf_counter() - start)
     model.reset()
     return seconds

@@ -27,6 +27,7 @@ class PackagedGGUF:
     version: str
     size: int
     sha256: str
+    weights: int | None = None  # of the float model transformers reads it as (its output layer a copy of the embedding)
 
     def part_paths(self) -> list[Path]:
         paths = []
@@ -53,6 +54,7 @@ DRAFT = PackagedGGUF(
     version="0.9.0",
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    weights=630_167_424,
 )
 TARGET = PackagedGGUF(
     name="Qwen2.5-Coder-1.5B-Instruct",
@@ -62,6 +64,7 @@ TARGET = PackagedGGUF(
     version="0.2.0",
     size=1_117_320_768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    weights=1_777_088_000,
 )
 DEFAULTS = {"default-draft": DRAFT, "default-target": TARGET}
 

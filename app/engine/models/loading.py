@@ -9,8 +9,9 @@ repacked once into the kernel's layout and cached; `4bit` re-quantizes every mat
 what is emitted); `fp32` dequantizes to float32 (the reference; cached as safetensors); `int8` is
 fp32 with dynamically quantized int8 linears. A model folder in fp16/bf16/fp32 (or a hub id's, in
 the local Hugging Face cache) is quantized on its first start, one tensor at a time, to 8 bits
-(`lowbit`) or as `4bit` and `3bit` say, and cached likewise. On CUDA every model runs in bfloat16
-(float16 on cards without it).
+(`lowbit`) or as `4bit` and `3bit` say, and cached likewise. Where the kernel cannot run, the
+low-bit layers run as int8 through torch's matmul (lowbit/fallback). On a GPU every model runs as
+one float model, in the dtype devices.pick_device gives.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import errno
 import gc
 import hashlib
 import shutil
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,10 +37,12 @@ from ..errors import IncompatibleModelsError, ModelError, in_one_line
 from ..lowbit import gguf_check
 from ..lowbit import prepared_tensors as lowbit_store
 from ..lowbit.cpu import machine_isa
+from ..lowbit.fallback import run_without_kernel
 from ..lowbit.kernel import KERNEL_NAMES, build_in_background, why_not_native
 from ..lowbit.memory import give_back_freed_memory
 from ..lowbit.modules import quantize_model
-from ..memory_check import check_fits
+from .. import devices
+from ..memory_check import check_fits, check_float_load, weight_count
 from .shared_tokenizers import folder_tokenizer
 
 if TYPE_CHECKING:  # transformers' modeling code takes seconds to import: only where a load needs it
@@ -97,17 +101,6 @@ def cache_dir() -> Path:
     return prepared.folder()
 
 
-def pick_device() -> tuple[torch.device, torch.dtype, str]:
-    """The device, its dtype, and why, in words for the UI."""
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
-        if torch.cuda.is_bf16_supported():
-            return torch.device("cuda"), torch.bfloat16, f"CUDA: {name} (bfloat16)"
-        # cards before Ampere have no bfloat16 arithmetic: float16 keeps them on the GPU
-        return torch.device("cuda"), torch.float16, f"CUDA: {name} (float16: this card has no bfloat16)"
-    return torch.device("cpu"), torch.float32, "CPU: no CUDA device visible to torch"
-
-
 def load_model(
     source: str,
     device: torch.device | str = "cpu",
@@ -116,29 +109,35 @@ def load_model(
     precision: Precision | str = Precision.LOWBIT,
     packed_linear: bool = True,
     held: int = 0,
+    kernel: bool = True,
 ) -> LoadedModel:
-    """precision: see the module's notes; ignored on CUDA (bfloat16, or float16: pick_device).
+    """precision: see the module's notes; ignored on a GPU (devices.pick_device says its dtype).
     packed_linear: fp32 on CPU runs its linears through pre-packed oneDNN weights (same
     precision, about twice as fast at decoding batch sizes).
-    held: the bytes the models already loaded beside this one take (its pair's other model)."""
+    held: the bytes the models already loaded beside this one take (its pair's other model).
+    kernel: False runs the low-bit layers as a machine without the kernel does (lowbit/fallback),
+    for `bench speed --cpu-paths` to measure beside it."""
     report = progress or (lambda stage, fraction: None)
     precision = Precision(precision)
     on_cpu = torch.device(device).type == "cpu"
     packaged = default_models.DEFAULTS.get(source)
     name = packaged.name if packaged else Path(source).name or source
     remove_abandoned(cache_dir())  # a killed first start's half-written copy: gigabytes
+    model = None
     try:
         if on_cpu and precision.low_bit:
             build_in_background()  # compiles (first start only) while the weights load
-            model, tokenizer = _load_low_bit(source, packaged, precision, report, held)
-            slow_path = why_not_native()
-            kernel_name = KERNEL_NAMES.get(machine_isa())
-            runs_on = (f"slow path: {slow_path}" if slow_path is not None
-                       else f"{kernel_name} kernel" if kernel_name else "")
+            model, tokenizer = _load_low_bit(source, packaged, precision, report, held, kernel)
+            without = why_not_native() if kernel else "the kernel turned off for this load"
+            if without is not None:
+                report(f"Converting {name} for torch's int8 matmul (no kernel: {without})", None)
+                run_without_kernel(model)
             shown = "8bit" if precision is Precision.LOWBIT and prepared.float_model(source) else precision.value
-            return LoadedModel(name, model, tokenizer, shown, runs_on)
+            return LoadedModel(name, model, tokenizer, shown, runs_on(without))
         if on_cpu:
             check_fits(name, None if packaged else Path(source).expanduser(), None, precision, prepared=False, held=held)
+        else:
+            check_float_load(name, *_float_copy_needs(source, packaged), dtype.itemsize, torch.device(device), cache_dir())
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)
         model = _from_pretrained(folder, dtype=dtype, **_local_only(folder))
@@ -147,20 +146,29 @@ def load_model(
             # (labelled with what it holds, whatever precision the CPU would run: on a GPU, the
             # low-bit choice left in the pickers must not name it, or the CPU's low-bit copy goes)
             prepared.note_use(folder, prepared.noted_source(source), Precision.FP32.value)
+        model.to(device).eval()
     except ModelError:
         raise
     except Exception as error:
+        if not on_cpu and _out_of_memory(error):
+            model = None  # what did move goes back to the GPU before the message (the frames
+            traceback.clear_frames(error.__traceback__)  # that moved it hold it too)
+            gc.collect()
+            devices.release_cached(torch.device(device))
+            raise ModelError(f"{name} does not fit in the memory of {devices.device_name(torch.device(device))}: "
+                             f"{in_one_line(error)}. Pick a smaller model, close what else uses the GPU, or run on "
+                             "the CPU at low bit (SPECCHAT_DEVICE=cpu).") from error
         if out_of_space(error):
             if packaged:  # the assembled GGUF too: the parts rebuild it, and the disk needs the room
                 (cache_dir() / f"{packaged.name}.gguf").unlink(missing_ok=True)
             raise ModelError(f"Not enough disk space in {cache_dir()} to prepare {name} ({error}). A model's first "
-                             "start writes a prepared copy there: about twice its file's size free, 2.5 GB for the "
-                             "default pair. Free some space, or set SPECCHAT_CACHE to a folder on another disk."
-                             ) from error
+                             "start writes a prepared copy there: at low bit about its file's size (1.6 GB for the "
+                             "default pair), in float32 (a GPU, or the fp32 precision) 4 bytes per weight (9.6 GB "
+                             "for the default pair). Free some space, or set SPECCHAT_CACHE to a folder on another "
+                             "disk.") from error
         if isinstance(error, (OSError, ValueError, KeyError, RuntimeError)):
             raise ModelError(f"Cannot load model '{source}': {in_one_line(error)}") from error
         raise
-    model.to(device).eval()
     if not on_cpu:
         return LoadedModel(name, model, tokenizer, str(dtype).replace("torch.", ""))
     if precision is Precision.INT8:
@@ -170,8 +178,36 @@ def load_model(
     return LoadedModel(name, model, tokenizer, "fp32")
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    """A GPU's allocation failed (CUDA raises torch.OutOfMemoryError; MPS says so in words)."""
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def _float_copy_needs(source: str, packaged: default_models.PackagedGGUF | None) -> tuple[int | None, int]:
+    """(weights of the float model, bytes its first start writes: a GGUF's float32 copy, and the
+    packaged file assembled beside it; 0 once written) of a model a GPU loads."""
+    if packaged is not None:
+        copy = cache_dir() / packaged.name
+        first = not (copy / "config.json").is_file()
+        return packaged.weights, (4 * packaged.weights + packaged.size) if first and packaged.weights else 0
+    path = _local_source(source)
+    weights = weight_count(path)
+    if path is None or not path.is_file() or weights is None:
+        return weights, 0  # a model folder, or a hub id: read where it is
+    first = not (cache_dir() / f"{path.stem}-{_file_key(path)}" / "config.json").is_file()
+    return weights, 4 * weights if first else 0
+
+
+def runs_on(without_kernel: str | None) -> str:
+    """What runs a low-bit model's layers, in words for the window: the kernel, or torch's int8
+    matmul and why the kernel does not run."""
+    if without_kernel is not None:
+        return f"int8 torch matmul: {without_kernel}"
+    return f"{KERNEL_NAMES[machine_isa()]} kernel"
+
+
 def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, precision: Precision,
-                  report: Progress, held: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+                  report: Progress, held: int, kernel: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A GGUF's own blocks, or a model folder (a hub id's in the local Hugging Face cache too)
     quantized, from a prepared copy that the first start writes: later starts read it in seconds."""
     bits, feed_forward_bits = precision.requantized_bits
@@ -182,7 +218,9 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
         name = Path(source).name if path.is_dir() else path.stem
         copy = cache_dir() / f"{name}-{_file_key(path)}-{precision.value}"
     check_fits(packaged.name if packaged else Path(source).name, path, packaged.size if packaged else None,
-               precision, prepared=lowbit_store.is_complete(copy), held=held)
+               precision, prepared=lowbit_store.is_complete(copy), held=held,
+               # (a missing compiler shows only once the build ends; the weights load meanwhile)
+               without_kernel=not kernel or machine_isa() is None)
     if lowbit_store.is_complete(copy):
         report(f"Loading {copy.name}", None)
         try:

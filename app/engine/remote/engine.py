@@ -72,6 +72,7 @@ class RemoteEngine:
     draft = None  # the server drafts, if it does
     draft_refused = None
     kv_cache = None
+    rounding_note = None  # Compare does not run on a served target: its plain run would be another server's
 
     def __init__(self, client: ServerClient, target: ServedTarget, speculation: Speculation,
                  served_models: tuple[str, ...] = ()) -> None:

@@ -1,0 +1,67 @@
+"""The device the models run on: which one and in what dtype, the memory it has free, and waiting
+for the work queued on it.
+
+A CUDA GPU runs bfloat16 where it can (Ampere and later), float16 on older cards; an Apple GPU
+(MPS) runs float16, with torch's CPU fallback for the few operations it lacks; otherwise the CPU
+runs the low-bit models. SPECCHAT_DEVICE=cpu (or cuda, mps) overrides the choice: the low-bit CPU
+path can beat a small GPU on a small model.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+# An operation MPS lacks runs on the CPU instead of failing the load; read by torch when it meets one
+os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+
+
+def pick_device() -> tuple[torch.device, torch.dtype, str]:
+    """The device, its dtype, and why, in words for the UI."""
+    wanted = os.environ.get("SPECCHAT_DEVICE", "").strip().lower()
+    if wanted == "cpu":
+        return torch.device("cpu"), torch.float32, "CPU: chosen by SPECCHAT_DEVICE"
+    if wanted in ("", "cuda") and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        if torch.cuda.is_bf16_supported():
+            return torch.device("cuda"), torch.bfloat16, f"CUDA: {name} (bfloat16)"
+        # cards before Ampere have no bfloat16 arithmetic: float16 keeps them on the GPU
+        return torch.device("cuda"), torch.float16, f"CUDA: {name} (float16: this card has no bfloat16)"
+    if wanted in ("", "mps") and torch.backends.mps.is_available():
+        return torch.device("mps"), torch.float16, "Apple GPU (MPS, float16)"
+    if wanted:
+        return torch.device("cpu"), torch.float32, f"CPU: SPECCHAT_DEVICE asks for {wanted}, which torch does not see"
+    return torch.device("cpu"), torch.float32, "CPU: no CUDA or Apple GPU visible to torch"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "the Apple GPU" if device.type == "mps" else "the CPU"
+
+
+def free_memory(device: torch.device) -> tuple[int, int] | None:
+    """(bytes free now, bytes in all) of a GPU's memory; None on the CPU (memory_check reads the system's)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)
+    if device.type == "mps":  # what Metal recommends this process keep under, less what it holds
+        total = torch.mps.recommended_max_memory()
+        return max(0, total - torch.mps.driver_allocated_memory()), total
+    return None
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for the work queued on a GPU (a timing that does not wait measures only the queueing)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def release_cached(device: torch.device) -> None:
+    """Gives the memory of freed tensors back to the GPU, for the next model to load into (torch's
+    allocator otherwise keeps it for this process's own next tensors)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()

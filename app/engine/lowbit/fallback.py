@@ -1,0 +1,87 @@
+"""The low-bit layers where the C++ kernel cannot run (an ARM Mac or Linux machine, an x86 CPU
+without AVX2, a machine without a compiler): each one's weight dequantized and stored as int8 per
+output channel, run by torch's own dynamically quantized matmul (fbgemm on x86, QNNPACK on ARM).
+
+The pure-torch reference of the kernel's arithmetic (packing.reference_linear) unpacks every
+weight to int32 on every call: seconds per token. Of torch's own paths, int8 was the fastest on
+the default target's layers here, about 4 times float32's (docs/kernel.md has the measurement and
+`bench speed --cpu-paths` the whole model's). The answer is then the int8 target's own: speculative
+decoding stays exact against it, and it rounds differently from the kernel and the fp32 reference.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch import nn
+
+from .cpu import cpu_flags
+from .modules import FUSED, LowBitLinear
+from .packing import dequantize
+
+
+# torch quantizes a call's activations with one scale for all its rows, so a row's product depends
+# on the rows beside it: a verification pass would round a token otherwise than decoding it alone,
+# and a greedy near-tie could flip. Up to a verification's width (1 + the longest draft) each row
+# runs on its own; a prompt's reading, the same in every mode, runs at once.
+ONE_BY_ONE = 65
+
+
+@functools.cache
+def _reduce_range() -> bool:
+    """Whether activations keep to 7 bits: x86's int8 products without VNNI add pairs into 16 bits,
+    which full 8-bit activations can overflow (torch.ao's dynamic Linear always reduces; that costs a
+    bit of precision wherever the overflow cannot happen: ARM's QNNPACK, x86 with VNNI)."""
+    return torch.backends.quantized.engine in ("fbgemm", "x86") and not {"avx512_vnni", "avx_vnni"} & cpu_flags()
+
+
+class Int8Linear(nn.Module):
+    """What a LowBitLinear computes, from its weight dequantized and rounded to int8 per output row
+    (a row's largest magnitude at 127), packed once for torch's dynamically quantized matmul (the
+    activations are quantized per call, as torch.ao's dynamic Linear does)."""
+
+    def __init__(self, linear: LowBitLinear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = dequantize(linear.packed)[: linear.out_features]  # [out, in] float32
+        scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        codes = torch.round(weight / scale[:, None]).to(torch.int8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notice that quantized tensors move to torchao
+            rows = torch._make_per_channel_quantized_tensor(codes, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
+        self.packed_weight = torch.ops.quantized.linear_prepack(rows, linear.bias)
+        self.weight_bytes = codes.nbytes + scale.nbytes  # what the packed copy holds (model_bytes reads it)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
+        rows = x.reshape(-1, self.in_features).float()
+        if 1 < rows.shape[0] <= ONE_BY_ONE:  # a verification's rows, as decoding computes each
+            out = torch.cat([self._product(row) for row in rows.split(1)])
+        else:
+            out = self._product(rows)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _product(self, rows: torch.Tensor) -> torch.Tensor:  # rows [M, in] float32 -> [M, out]
+        return torch.ops.quantized.linear_dynamic(rows, self.packed_weight, reduce_range=_reduce_range())
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int8 per row"
+
+
+def run_without_kernel(model: nn.Module) -> int:
+    """Replaces every low-bit linear layer of `model` in place, one at a time (the float copy of one
+    layer at most is in memory); returns how many. The fused q/k/v and gate/up layers go first:
+    their parts are replaced on their own, so the weights are held once."""
+    for layer in getattr(getattr(model, "model", None), "layers", []):
+        for block_name, (fused_name, _) in FUSED.items():
+            block = getattr(layer, block_name, None)
+            if block is not None and hasattr(block, fused_name):
+                delattr(block, fused_name)
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, LowBitLinear):
+                setattr(parent, name, Int8Linear(child))
+                replaced += 1
+    model.runs_without_kernel = True  # what decoder.cached reads: the lean decoder still runs it
+    return replaced
