@@ -111,3 +111,18 @@ def test_bench_speed_measures_the_kernel_the_fallback_and_the_fp32_reference_in_
         assert row["identical"] and row["plain"]["tokens"] == row["speculative"]["tokens"] == 24
         assert row["plain"]["tokens_per_s"] > 0
     assert "| no kernel | 8bit, int8 torch matmul" in format_table(result)
+
+
+def test_an_int8_rows_product_is_the_same_whatever_rows_share_its_call():
+    """Batch invariance: a verification's rows each get what decoding them one by one gives (torch
+    quantizes a call's activations with one scale; each row is framed to the same range)."""
+    torch.manual_seed(0)
+    tiny = tiny_model(seed=3, hidden=64)
+    linear = quantize_model(tiny.model, 8).model.layers[0].mlp.down_proj
+    int8 = Int8Linear(linear)
+    rows = torch.randn(65, linear.in_features) * torch.rand(65, 1) * 20  # rows of very different sizes
+    one_by_one = torch.cat([int8(row) for row in rows.split(1)])
+    for width in (2, 5, 9, 33, 65):
+        assert torch.equal(int8(rows[:width]), one_by_one[:width]), width
+    exact = linear(rows)
+    assert (one_by_one - exact).norm() < 0.02 * exact.norm()

@@ -1,12 +1,13 @@
 """The low-bit layers where the C++ kernel cannot run (an ARM Mac or Linux machine, an x86 CPU
 without AVX2, a machine without a compiler): each one's weight dequantized and stored as int8 per
-output channel, run by torch's own dynamically quantized matmul (fbgemm on x86, QNNPACK on ARM).
+output row, run by torch's own dynamically quantized matmul (fbgemm on x86, QNNPACK on ARM).
 
 The pure-torch reference of the kernel's arithmetic (packing.reference_linear) unpacks every
-weight to int32 on every call: seconds per token. Of torch's own paths, int8 was the fastest on
-the default target's layers here, about 4 times float32's (docs/kernel.md has the measurement and
-`bench speed --cpu-paths` the whole model's). The answer is then the int8 target's own: speculative
-decoding stays exact against it, and it rounds differently from the kernel and the fp32 reference.
+weight to int32 on every call: seconds per token. torch's int8 matmul was the fastest of torch's
+own paths on the default target's layers here (float32 through oneDNN, bfloat16); `bench speed
+--cpu-paths` measures the whole model beside the kernel and the fp32 reference. The answer is the
+int8 target's own: speculative decoding stays exact against it (below), and it rounds otherwise
+than the kernel and the fp32 reference.
 """
 from __future__ import annotations
 
@@ -15,17 +16,19 @@ import warnings
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .cpu import cpu_flags
 from .modules import FUSED, LowBitLinear
 from .packing import dequantize
 
-
-# torch quantizes a call's activations with one scale for all its rows, so a row's product depends
-# on the rows beside it: a verification pass would round a token otherwise than decoding it alone,
-# and a greedy near-tie could flip. Up to a verification's width (1 + the longest draft) each row
-# runs on its own; a prompt's reading, the same in every mode, runs at once.
-ONE_BY_ONE = 65
+# torch quantizes a call's activations with one scale and zero point for all its rows, from the
+# call's smallest and largest value: a row's product would depend on the rows beside it, and a
+# verified token would round otherwise than decoded alone (a greedy near-tie could flip). Each row
+# is divided by its largest magnitude and framed by a -1 and a 1 (two inputs whose weights are
+# zero): every call's range is then [-1, 1], every row is quantized as it would be alone, the
+# integer products are exact, and the row's product is the same whatever rows share its call.
+FRAME = torch.tensor([[-1.0, 1.0]])
 
 
 @functools.cache
@@ -38,31 +41,30 @@ def _reduce_range() -> bool:
 
 class Int8Linear(nn.Module):
     """What a LowBitLinear computes, from its weight dequantized and rounded to int8 per output row
-    (a row's largest magnitude at 127), packed once for torch's dynamically quantized matmul (the
-    activations are quantized per call, as torch.ao's dynamic Linear does)."""
+    (a row's largest magnitude at 127), packed once for torch's dynamically quantized matmul; the
+    activations are quantized per call, each row to its own scale (FRAME)."""
 
     def __init__(self, linear: LowBitLinear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = dequantize(linear.packed)[: linear.out_features]  # [out, in] float32
         scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
-        codes = torch.round(weight / scale[:, None]).to(torch.int8)
+        codes = F.pad(torch.round(weight / scale[:, None]).to(torch.int8), (0, FRAME.shape[1]))  # zero weights for the frame
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's notice that quantized tensors move to torchao
             rows = torch._make_per_channel_quantized_tensor(codes, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
-        self.packed_weight = torch.ops.quantized.linear_prepack(rows, linear.bias)
+        self.packed_weight = torch.ops.quantized.linear_prepack(rows, None)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
         self.weight_bytes = codes.nbytes + scale.nbytes  # what the packed copy holds (model_bytes reads it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         rows = x.reshape(-1, self.in_features).float()
-        if 1 < rows.shape[0] <= ONE_BY_ONE:  # a verification's rows, as decoding computes each
-            out = torch.cat([self._product(row) for row in rows.split(1)])
-        else:
-            out = self._product(rows)
+        largest = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)  # [M, 1]
+        framed = torch.cat([rows / largest, FRAME.expand(rows.shape[0], -1)], dim=1)
+        out = torch.ops.quantized.linear_dynamic(framed, self.packed_weight, reduce_range=_reduce_range()) * largest
+        if self.bias is not None:
+            out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
-
-    def _product(self, rows: torch.Tensor) -> torch.Tensor:  # rows [M, in] float32 -> [M, out]
-        return torch.ops.quantized.linear_dynamic(rows, self.packed_weight, reduce_range=_reduce_range())
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int8 per row"

@@ -61,8 +61,7 @@ class Decoder(Protocol):
 def cached(model: PreTrainedModel, vocab_width: int | None = None, cache_dtype: torch.dtype | None = None) -> Decoder:
     """The cached forward a model runs with: the lean decoder for low-bit Llama/Qwen2/Qwen3/Gemma 3
     models, with the kernel or without it (cache_dtype: its native KV cache's, see lean_decoder),
-    transformers' own forward
-    otherwise (every float model: the reference path)."""
+    transformers' own forward otherwise (every float model: the reference path)."""
     from ..lowbit.modules import LowBitLinear
     from . import lean_decoder
     from .transformers_decoder import TransformersDecoder
