@@ -111,6 +111,22 @@ def test_chat_turn_streams_with_provenance_colours(qtbot, make_window):
 def test_the_device_is_named_once_the_models_load(make_window):
     window = make_window()
     assert window.controls.device.text().startswith(("CPU", "CUDA"))
+    assert window.controls.precision.isEnabled()
+
+
+def test_on_a_gpu_the_cpus_precision_pickers_are_greyed_out_and_say_why(make_window, monkeypatch):
+    """What torch would say of a GPU injected where the pool asks (the tiny models stay on the CPU)."""
+    import torch
+
+    from app.engine import devices
+
+    monkeypatch.setattr(devices, "pick_device", lambda: (torch.device("cuda"), torch.bfloat16, "CUDA: RTX 4090 (bfloat16)"))
+    controls = make_window().controls
+    assert controls.device.text() == "CUDA: RTX 4090 (bfloat16)"
+    for picker in (controls.precision, controls.draft_precision, controls.kv_cache):
+        assert not picker.isEnabled() and picker.toolTip().startswith("The models run on the GPU")
+    controls.show_device("CPU: chosen by SPECCHAT_DEVICE", False)
+    assert controls.precision.isEnabled() and controls.precision.toolTip().startswith("CPU weights of the target")
 
 
 OPENS_WINDOW = """

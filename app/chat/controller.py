@@ -39,6 +39,7 @@ class ModelsReady:
     thinking_switchable: bool  # the target's chat template can switch thinking off
     new_target: bool  # another target than the pair loaded before (or the first)
     served: Served | None = None  # a target on a server (None: it runs here)
+    on_gpu: bool = False  # the pair runs on a GPU: the precision pickers (the CPU's) do not apply
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ class ChatController:
             chosen, f"{target.name} ({target.label})", f"{draft.name} ({draft.label})" if draft else None,
             engine.draft_refused, self.models.device_text or "", switches_thinking(target.tokenizer),
             previous is None or previous.target != chosen.target,
-            Served(target.name, engine.served_models, engine.speculation.note) if self.served_by else None))
+            Served(target.name, engine.served_models, engine.speculation.note) if self.served_by else None,
+            self.models.on_gpu))
 
     def crashed_load(self) -> tuple[str, LoadOptions | None] | None:
         """(what to tell, the choice to load instead or None to load the same) when the last run

@@ -43,6 +43,7 @@ class ModelPool:
         self.load_marker = load_marker
         self.crashed_load = _left_marker(load_marker)  # {"target", "draft"}: a load an earlier run died in
         self.device_text: str | None = None  # in words for the UI, once the first load picked the device
+        self.on_gpu = False  # the last pair runs on a GPU: one float model each, whatever the precision
         self.models: dict[tuple[str, Precision | None], LoadedModel] = {}  # (source, precision; None on a GPU) -> model
         self._lock = threading.Lock()
         self._ticket = 0
@@ -69,6 +70,7 @@ class ModelPool:
             return self._served(ticket, chosen, report)
         with self._lock:
             device, dtype, self.device_text = pick_device()
+            self.on_gpu = device.type != "cpu"
             if not self.is_current(ticket):
                 return None
             picked = [(chosen.target, chosen.precision), (chosen.draft, chosen.draft_precision)]
@@ -113,7 +115,7 @@ class ModelPool:
             engine = RemoteEngine.connect(chosen.server, chosen.server_model or None, tokenizer,
                                           os.environ.get("SPECCHAT_API_KEY") or None, chosen.target)
             self.models.clear()  # connected: the local models' memory back (a failed connect keeps them)
-            self.device_text = f"a server ({engine.served_by})"
+            self.device_text, self.on_gpu = f"a server ({engine.served_by})", False
             return engine if self.is_current(ticket) else None
 
     def closing(self) -> None:

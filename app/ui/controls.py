@@ -13,6 +13,8 @@ from ..engine.api import (CACHE_TYPES, CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS, G
 DEFAULT_TARGETS = [("Qwen2.5-Coder-1.5B-Instruct (default)", "default-target")]
 DEFAULT_DRAFTS = [("Qwen2.5-Coder-0.5B-Instruct (default)", "default-draft")]
 INCOMPATIBLE = "  (different vocabulary)"
+GPU_PRECISION = ("The models run on the GPU, each as one float model (the Device row says its dtype);\n"
+                 "these precisions are the CPU's. SPECCHAT_DEVICE=cpu runs them on the CPU instead.")
 MISSING = "  (file not found)"
 UNREADABLE = "  (cannot be read)"
 CACHE_LABELS = {"float16": "float16 (half the memory)", "float32": "float32 (the reference's rounding)"}
@@ -91,6 +93,8 @@ class ControlsPanel(QTabWidget):
         form.addRow("Served model", served_row)
         form.addRow("Device", self.device)
         self._models_form, self._served_row = form, served_row
+        self._cpu_pickers = {picker: picker.toolTip() for picker in (self.precision, self.draft_precision, self.kv_cache)}
+        self._on_gpu = False  # the loaded pair runs on a GPU (show_device)
 
         speculation = QWidget()
         form = QFormLayout(speculation)
@@ -197,8 +201,17 @@ class ControlsPanel(QTabWidget):
         if not on or self.server_url.text().strip():  # on, with no address yet: Connect loads
             self.models_changed.emit()
 
+    def show_device(self, text: str, on_gpu: bool) -> None:
+        """The device the pair runs on; on a GPU the CPU's precision and cache pickers are greyed out."""
+        self.device.setText(text)
+        self._on_gpu = on_gpu
+        self._update_enabled()
+
     def _update_enabled(self) -> None:
         served = self.on_server.isChecked()
+        for picker, tooltip in self._cpu_pickers.items():  # a GPU runs each model as one float model
+            picker.setEnabled(not self._on_gpu)
+            picker.setToolTip(GPU_PRECISION if self._on_gpu else tooltip)
         for widget in (self.server_url, self.connect_server):
             widget.setEnabled(served)
         # only the rows that matter: a server's draft, precision and cache are its own

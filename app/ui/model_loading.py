@@ -74,7 +74,7 @@ class ModelLoading:
     def _on_ready(self, ready: ModelsReady) -> None:
         self._done()
         window, controls = self.window, self.window.controls
-        controls.device.setText(ready.device)
+        controls.show_device(ready.device, ready.on_gpu)
         if ready.new_target:
             controls.clear_draft_marks()  # they said which drafts the last target's vocabulary refused
         controls.thinking.setEnabled(ready.thinking_switchable)
