@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-CHECKS = ["device", "the tiny pair loaded", "greedy, speculative, k=4", "greedy, speculative, adaptive k",
+CHECKS = ["device", "the tiny pair loaded", "plain decoding, greedy", "greedy, speculative, k=4", "greedy, speculative, adaptive k",
           "greedy, prompt lookup", "sampled, speculative, temperature 0.8",
           "rejection sampling keeps the target's distribution", "a follow-up reuses the cache",
           "another chat, and back", "read-ahead", "saved caches round-trip",

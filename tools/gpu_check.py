@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -82,10 +83,19 @@ def main(argv: list[str] | None = None) -> int:
             return f"{said}; cards: {', '.join(names)}; bf16 supported: {torch.cuda.is_bf16_supported()}"
         return said
 
-    target_folder, draft_folder = build_pair(work)
-    float_path = "lowbit" if on_gpu else "fp32"  # a GPU reads every model as float; the CPU's float path likewise
-    target = load_model(str(target_folder), device, dtype, precision=float_path)
-    draft = load_model(str(draft_folder), device, dtype, precision=float_path)
+    pair = []
+
+    @check("the tiny pair loaded")
+    def _():
+        float_path = "lowbit" if on_gpu else "fp32"  # a GPU reads every model as float; the CPU's float path likewise
+        pair.extend(load_model(str(folder), device, dtype, precision=float_path) for folder in build_pair(work))
+        assert pair[0].model.device.type == device.type, pair[0].model.device
+        return f"target {pair[0].label} on {pair[0].model.device}, draft {pair[1].label}"
+
+    if not pair:  # nothing else can run
+        print(table(ROWS))
+        return 1
+    target, draft = pair
     engine = SpeculativeEngine(target, draft)
     tokenizer = target.tokenizer
     ask = lambda text: chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
@@ -95,21 +105,21 @@ def main(argv: list[str] | None = None) -> int:
         steps = list(engine.generate(prompt_ids, GenerationOptions(max_new_tokens=48, **options)))
         return [t.id for s in steps for t in s.tokens], steps
 
-    plain, _ = tokens(prompt, speculative=False)
+    plain, answer = [], []
+
+    @check("plain decoding, greedy")
+    def _():
+        plain.extend(tokens(prompt, speculative=False)[0])
+        return f"{len(plain)} tokens"
 
     def same_as_plain(ids: list[int], steps) -> str:
         stats = steps[-1].stats
-        said = f"{len(ids)} tokens, acceptance {stats.acceptance_rate:.0%}, {stats.target_passes} target passes"
+        summary = f"{len(ids)} tokens, acceptance {stats.acceptance_rate:.0%}, {stats.target_passes} target passes"
         if ids == plain:
-            return said + ", identical to plain"
+            return summary + ", identical to plain"
         first = next((i for i, (a, b) in enumerate(zip(ids, plain)) if a != b), min(len(ids), len(plain)))
         assert on_gpu, f"differs from plain decoding at token {first} on the CPU"
-        return said + f", parts from plain at token {first} (GPU rounding at a near-tie)"
-
-    @check("the tiny pair loaded")
-    def _():
-        assert target.model.device.type == device.type, target.model.device
-        return f"target {target.label} on {target.model.device}, draft {draft.label}"
+        return summary + f", parts from plain at token {first} (GPU rounding at a near-tie)"
 
     for name, options in [("greedy, speculative, k=4", {"k": 4, "adaptive": False}),
                           ("greedy, speculative, adaptive k", {"adaptive": True}),
@@ -129,9 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     def _():
         return distribution(device, dtype, args.samples)
 
-    answer, _ = tokens(prompt)
-    follow_up = prompt + answer + ask("And then?")
-
     def cached_first_step(prompt_ids) -> int:
         steps = engine.generate(prompt_ids, GenerationOptions(max_new_tokens=4))
         first = next(step for step in steps if step.tokens or step.finish)
@@ -140,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
     @check("a follow-up reuses the cache")
     def _():
-        cached = cached_first_step(follow_up)
+        answer.extend(tokens(prompt)[0])
+        cached = cached_first_step(prompt + answer + ask("And then?"))
         assert cached >= len(prompt), f"only {cached} of {len(prompt) + len(answer)} tokens found in the cache"
         return f"{cached} prompt tokens found in the cache"
 
@@ -165,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             engine.save_caches()
             engine.forget()
-            cached = cached_first_step(follow_up)
+            cached = cached_first_step(prompt + answer + ask("And then?"))
         finally:
             engine.keep_saved_caches(None)
         assert cached > 0, "nothing restored from the saved caches"
@@ -188,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(ROWS))
     if args.json:
         args.json.write_text(json.dumps({"device": said, "rows": ROWS}, indent=2))
+    shutil.rmtree(work, ignore_errors=True)
     return 1 if any(row["result"] == "FAIL" for row in ROWS) else 0
 
 

@@ -41,9 +41,11 @@ def device_name(device: torch.device) -> str:
 
 
 def free_memory(device: torch.device) -> tuple[int, int] | None:
-    """(bytes free now, bytes in all) of a GPU's memory; None on the CPU (memory_check reads the system's)."""
+    """(bytes free now, bytes in all) of a GPU's memory; None on the CPU (memory_check reads the system's).
+    Free counts the blocks torch's allocator holds for this process without using them."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)
+        free, total = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
     if device.type == "mps":  # what Metal recommends this process keep under, less what it holds
         total = torch.mps.recommended_max_memory()
         return max(0, total - torch.mps.driver_allocated_memory()), total

@@ -133,7 +133,7 @@ def load_model(
                 report(f"Converting {name} for torch's int8 matmul (no kernel: {without})", None)
                 run_without_kernel(model)
             shown = "8bit" if precision is Precision.LOWBIT and prepared.float_model(source) else precision.value
-            return LoadedModel(name, model, tokenizer, shown, runs_on(without))
+            return LoadedModel(name, model, tokenizer, shown, _what_runs(without))
         if on_cpu:
             check_fits(name, None if packaged else Path(source).expanduser(), None, precision, prepared=False, held=held)
         else:
@@ -198,7 +198,7 @@ def _float_copy_needs(source: str, packaged: default_models.PackagedGGUF | None)
     return weights, 4 * weights if first else 0
 
 
-def runs_on(without_kernel: str | None) -> str:
+def _what_runs(without_kernel: str | None) -> str:
     """What runs a low-bit model's layers, in words for the window: the kernel, or torch's int8
     matmul and why the kernel does not run."""
     if without_kernel is not None:
