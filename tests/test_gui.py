@@ -1108,3 +1108,25 @@ def test_the_window_serves_its_models_while_it_chats(qtbot, make_window):
     assert window.server.url in window.server.label.text()
     window.server.action.setChecked(False)
     qtbot.waitUntil(lambda: not window.server.label.isVisible(), timeout=5_000)
+
+
+def test_the_engine_a_new_choice_replaces_is_let_go_before_the_new_pair_loads(qtbot, make_window):
+    """On a GPU the old pair must leave its memory before the new one loads: nothing of the
+    window's still holds the engine it replaces when the loader is called."""
+    import gc
+    import weakref
+
+    window = make_window(extra_models=["other-draft"])
+    old = weakref.ref(window.controller.engine)
+    load, seen = window.controller.models.load, []
+
+    def load_and_look(source, *args, **kwargs):
+        gc.collect()
+        seen.append((source, old() is None))
+        return load(source, *args, **kwargs)
+
+    window.controller.models.load = load_and_look
+    window.controls.draft.setCurrentIndex(window.controls.draft.findData("other-draft"))
+    qtbot.waitUntil(lambda: window.controller.engine is not None and window.controller.engine.draft.name == "tiny-2",
+                    timeout=10_000)
+    assert seen == [("other-draft", True)]
