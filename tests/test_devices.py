@@ -144,3 +144,22 @@ def test_a_prompt_whose_caches_outgrow_the_gpus_free_memory_is_refused(a_gpu):
     with pytest.raises(PromptTooLongError, match=r"need about 97\.9 GiB of memory .* and 8\.0 GiB are free now"):
         memory_check.check_caches_fit(100_000, 2**20, torch.device("cuda"))
     memory_check.check_caches_fit(4_000, 2**20, torch.device("cuda"))
+
+
+def test_the_apple_gpus_cpu_fallback_is_switched_on_before_torch_is_imported():
+    """torch reads PYTORCH_ENABLE_MPS_FALLBACK when it is imported: set any later, it does nothing."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import os, sys\n"
+              "class Watch:\n"
+              "    def find_spec(self, name, path=None, target=None):\n"
+              "        if name == 'torch':\n"
+              "            print(os.environ.get('PYTORCH_ENABLE_MPS_FALLBACK'))\n"
+              "            sys.meta_path.remove(self)\n"
+              "sys.meta_path.insert(0, Watch())\n"
+              "import app.engine.devices\n")
+    env = {key: value for key, value in os.environ.items() if key != "PYTORCH_ENABLE_MPS_FALLBACK"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert run.stdout.split() == ["1"], run.stdout + run.stderr[-2000:]

@@ -6,8 +6,9 @@ import torch
 
 from app.engine import verify as verify_module
 from app.engine.engine import GenerationOptions, SpeculativeEngine
-from app.engine.sampling import SamplingParams, logits_to_probs, penalize_repeats
+from app.engine.sampling import SamplingParams
 from tests.tiny import tiny_model
+from tests.two_tokens import exact_two_token_distribution, noise as sampling_noise
 
 ORIGINAL_VERIFY_SAMPLED = verify_module.verify_sampled
 VOCAB = 6
@@ -22,20 +23,6 @@ REPEATING_PROMPT = [1, 2, 3, 1, 2, 3]
 # tokens for that, so a wrong probability for looked-up tokens shows).
 REPEATS_AFTER_A_DRAFT = [token for x in range(VOCAB) for token in (2, 5, x, (x + 5) % VOCAB)] + [2, 5]
 N_SAMPLES = 2500
-
-
-def exact_two_token_distribution(target, params, prompt):
-    """P(t1, t2 | prompt) under target-only sampling, from the target's own logits."""
-    def probs(text):
-        with torch.no_grad():
-            logits = target.model(torch.tensor([text])).logits[:, -1]
-        return logits_to_probs(penalize_repeats(logits, text, [], params)[0], params)
-
-    first = probs(prompt)
-    joint = torch.zeros(VOCAB, VOCAB)
-    for t1 in range(VOCAB):
-        joint[t1] = first[t1] * probs(prompt + [t1])
-    return joint
 
 
 def wrong_rule(draft_tokens, draft_probs, target_probs, generator):
@@ -95,8 +82,7 @@ def test_two_token_distribution(pair, temperature, rule, adaptive, prompt, filte
         counts[t1, t2] += 1
         looked_up += steps[-1].stats.looked_up
     tv = 0.5 * (counts / N_SAMPLES - expected).abs().sum().item()
-    # Sampling noise alone: E[TV] ~ 0.5 * sum sqrt(2 p (1-p) / (pi N)); allow twice that.
-    noise = 0.5 * sum((2 * p * (1 - p) / (torch.pi * N_SAMPLES)) ** 0.5 for p in expected.flatten().tolist())
+    noise = sampling_noise(expected, N_SAMPLES)  # allow twice what sampling noise alone gives
     assert (looked_up > 0) == (prompt not in (PROMPT, ONE_TOKEN))  # the lookup cases did look up
     if rule == "correct":
         assert tv < 2 * noise, f"TV {tv:.3f} vs noise {noise:.3f}"

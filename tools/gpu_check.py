@@ -204,8 +204,9 @@ def distribution(device: torch.device, dtype: torch.dtype, samples: int) -> str:
     """Two sampled tokens after a prompt, drawn with speculation from a vocabulary of 6, against
     the exact distribution from the target's own logits (as tests/test_distribution.py checks)."""
     from app.engine.engine import GenerationOptions, SpeculativeEngine
-    from app.engine.sampling import SamplingParams, logits_to_probs
+    from app.engine.sampling import SamplingParams
     from tests.tiny import tiny_model
+    from tests.two_tokens import exact_two_token_distribution, noise
 
     vocab, prompt = 6, [1, 2, 3]
     pair = [tiny_model(seed=seed, vocab_size=vocab, hidden=16, layers=1, init_range=0.5) for seed in (11, 12)]
@@ -213,14 +214,7 @@ def distribution(device: torch.device, dtype: torch.dtype, samples: int) -> str:
         loaded.model.to(device, dtype)
     target, draft = pair
     params = SamplingParams(temperature=0.8, top_p=0.95)
-
-    def probs(text):
-        with torch.no_grad():
-            logits = target.model(torch.tensor([text], device=device)).logits[0, -1].float()
-        return logits_to_probs(logits[None], params)[0].cpu()
-
-    first = probs(prompt)
-    expected = torch.stack([first[t] * probs(prompt + [t]) for t in range(vocab)])
+    expected = exact_two_token_distribution(target, params, prompt)
     engine = SpeculativeEngine(target, draft)
     counts = torch.zeros(vocab, vocab)
     for seed in random.Random(0).sample(range(2**62), samples):
@@ -228,10 +222,9 @@ def distribution(device: torch.device, dtype: torch.dtype, samples: int) -> str:
                                                           max_new_tokens=3))
         t1, t2 = [t.id for step in steps for t in step.tokens][:2]
         counts[t1, t2] += 1
-    tv = 0.5 * (counts / samples - expected).abs().sum().item()
-    noise = 0.5 * sum((2 * p * (1 - p) / (torch.pi * samples)) ** 0.5 for p in expected.flatten().tolist())
-    assert tv < 2 * noise, f"total variation {tv:.3f} against a noise bound of {2 * noise:.3f}"
-    return f"total variation {tv:.3f} over {samples} draws (noise bound {2 * noise:.3f})"
+    tv, bound = 0.5 * (counts / samples - expected).abs().sum().item(), 2 * noise(expected, samples)
+    assert tv < bound, f"total variation {tv:.3f} against a noise bound of {bound:.3f}"
+    return f"total variation {tv:.3f} over {samples} draws (noise bound {bound:.3f})"
 
 
 def gguf_on_device(work: Path, tokenizer, device: torch.device, dtype: torch.dtype) -> str:

@@ -2,18 +2,16 @@
 for the work queued on it.
 
 A CUDA GPU runs bfloat16 where it can (Ampere and later), float16 on older cards; an Apple GPU
-(MPS) runs float16, with torch's CPU fallback for the few operations it lacks; otherwise the CPU
-runs the low-bit models. SPECCHAT_DEVICE=cpu (or cuda, mps) overrides the choice: the low-bit CPU
-path can beat a small GPU on a small model.
+(MPS) runs float16, with torch's CPU fallback for the few operations it lacks (switched on in
+app/__init__.py, before torch is imported); otherwise the CPU runs the low-bit models.
+SPECCHAT_DEVICE=cpu (or cuda, mps) overrides the choice: the low-bit CPU path can beat a small GPU
+on a small model.
 """
 from __future__ import annotations
 
 import os
 
 import torch
-
-# An operation MPS lacks runs on the CPU instead of failing the load; read by torch when it meets one
-os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
 
 
 def pick_device() -> tuple[torch.device, torch.dtype, str]:

@@ -87,5 +87,4 @@ def run_without_kernel(model: nn.Module) -> int:
     with ThreadPoolExecutor(max(1, torch.get_num_threads()), thread_name_prefix="specchat-int8") as pool:
         for (parent, name, _), converted in zip(low_bit, pool.map(lambda item: Int8Linear(item[2]), low_bit)):
             setattr(parent, name, converted)
-    model.runs_without_kernel = True  # what decoder.cached reads: the lean decoder still runs it
     return len(low_bit)

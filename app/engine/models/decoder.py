@@ -62,12 +62,12 @@ def cached(model: PreTrainedModel, vocab_width: int | None = None, cache_dtype: 
     """The cached forward a model runs with: the lean decoder for low-bit Llama/Qwen2/Qwen3/Gemma 3
     models, with the kernel or without it (cache_dtype: its native KV cache's, see lean_decoder),
     transformers' own forward otherwise (every float model: the reference path)."""
+    from ..lowbit.fallback import Int8Linear
     from ..lowbit.modules import LowBitLinear
     from . import lean_decoder
     from .transformers_decoder import TransformersDecoder
 
-    low_bit = getattr(model, "runs_without_kernel", False) or any(isinstance(m, LowBitLinear) for m in model.modules())
-    if lean_decoder.supports(model) and low_bit:
+    if lean_decoder.supports(model) and any(isinstance(m, (LowBitLinear, Int8Linear)) for m in model.modules()):
         return lean_decoder.LeanDecoder(model, vocab_width, cache_dtype)
     return TransformersDecoder(model, vocab_width)
 

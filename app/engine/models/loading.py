@@ -119,7 +119,8 @@ def load_model(
     for `bench speed --cpu-paths` to measure beside it."""
     report = progress or (lambda stage, fraction: None)
     precision = Precision(precision)
-    on_cpu = torch.device(device).type == "cpu"
+    device = torch.device(device)
+    on_cpu = device.type == "cpu"
     packaged = default_models.DEFAULTS.get(source)
     name = packaged.name if packaged else Path(source).name or source
     remove_abandoned(cache_dir())  # a killed first start's half-written copy: gigabytes
@@ -137,7 +138,7 @@ def load_model(
         if on_cpu:
             check_fits(name, None if packaged else Path(source).expanduser(), None, precision, prepared=False, held=held)
         else:
-            check_float_load(name, *_float_copy_needs(source, packaged), dtype.itemsize, torch.device(device), cache_dir())
+            check_float_load(name, *_float_copy_needs(source, packaged), dtype.itemsize, device, cache_dir())
         folder = _prepared_default(packaged, report) if packaged else _prepared_source(source, report)
         report(f"Loading {name}", None)
         model = _from_pretrained(folder, dtype=dtype, **_local_only(folder))
@@ -154,8 +155,8 @@ def load_model(
             model = None  # what did move goes back to the GPU before the message (the frames
             traceback.clear_frames(error.__traceback__)  # that moved it hold it too)
             gc.collect()
-            devices.release_cached(torch.device(device))
-            raise ModelError(f"{name} does not fit in the memory of {devices.device_name(torch.device(device))}: "
+            devices.release_cached(device)
+            raise ModelError(f"{name} does not fit in the memory of {devices.device_name(device)}: "
                              f"{in_one_line(error)}. Pick a smaller model, close what else uses the GPU, or run on "
                              "the CPU at low bit (SPECCHAT_DEVICE=cpu).") from error
         if out_of_space(error):
@@ -187,14 +188,13 @@ def _float_copy_needs(source: str, packaged: default_models.PackagedGGUF | None)
     """(weights of the float model, bytes its first start writes: a GGUF's float32 copy, and the
     packaged file assembled beside it; 0 once written) of a model a GPU loads."""
     if packaged is not None:
-        copy = cache_dir() / packaged.name
-        first = not (copy / "config.json").is_file()
+        first = not (cache_dir() / packaged.name / "config.json").is_file()
         return packaged.weights, (4 * packaged.weights + packaged.size) if first and packaged.weights else 0
     path = _local_source(source)
     weights = weight_count(path)
     if path is None or not path.is_file() or weights is None:
         return weights, 0  # a model folder, or a hub id: read where it is
-    first = not (cache_dir() / f"{path.stem}-{_file_key(path)}" / "config.json").is_file()
+    first = not (_float_copy(path) / "config.json").is_file()
     return weights, 4 * weights if first else 0
 
 
@@ -359,7 +359,12 @@ def _prepared_source(source: str, report: Progress) -> str | Path:
     path = _local_source(source)
     if path is None:
         return source
-    return _dequantized(path, cache_dir() / f"{path.stem}-{_file_key(path)}", path.stem, report) if path.is_file() else path
+    return _dequantized(path, _float_copy(path), path.stem, report) if path.is_file() else path
+
+
+def _float_copy(gguf_path: Path) -> Path:
+    """Where a user's GGUF's dequantized float32 copy is kept."""
+    return cache_dir() / f"{gguf_path.stem}-{_file_key(gguf_path)}"
 
 
 def _prepared_default(packaged: default_models.PackagedGGUF, report: Progress) -> Path:
