@@ -38,9 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (any but loopback needs a key)")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--api-key", help="the key clients must send (default: SPECCHAT_API_KEY; none on loopback)")
+    serve.add_argument("--allow-origin", action="append", metavar="ORIGIN",
+                       help="a web origin (e.g. http://localhost:3000) whose pages may call the API; repeat for "
+                            "more, '*' for any. Requests from web pages are refused otherwise")
     serve.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens,
                        help="an answer's length when a request does not say")
-    serve.add_argument("--queue", type=int, default=16, help="requests that may wait for their turn")
+    serve.add_argument("--queue", type=int, default=16, help="requests that may wait for their turn while one runs (0: one at a time, no waiting)")
     export = commands.add_parser("export-hf", help="write a model as a Hugging Face folder (safetensors, bfloat16) "
                                                    "for a serving engine such as vLLM")
     export.add_argument("model", help="a .gguf file, a model folder, or default-target / default-draft")

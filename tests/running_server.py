@@ -1,4 +1,5 @@
 """Our API server, real: uvicorn on a free loopback port, in a thread of the test's process."""
+import asyncio
 import threading
 import time
 
@@ -12,7 +13,8 @@ class RunningServer:
         self.state = state
         self.app = create_app(state)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.server_loop = None  # the server's asyncio loop, for work a test puts on it
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
@@ -20,6 +22,10 @@ class RunningServer:
             time.sleep(0.02)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
+
+    async def _serve(self) -> None:
+        self.server_loop = asyncio.get_running_loop()
+        await self.server.serve()
 
     def client(self, key: str = "none"):
         import openai

@@ -1,10 +1,12 @@
 """Layer 5: the GUI with pytest-qt, offscreen, on tiny models (real engine, tiny weights)."""
 
+import asyncio
+import json
 import threading
 
 import pytest
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QMessageBox, QPushButton
 
 from app.chat.store import ChatStore
 from app.engine.steps import FinishReason
@@ -67,6 +69,13 @@ def send_and_wait(qtbot, window, text="hello there"):
         window.composer.setPlainText(text)
         window.send_button.click()
     return window.conversation.messages[-1]
+
+
+def close_window(window):
+    """Closes the window as its close button does, and waits for the caches it saves on a thread."""
+    window.close()
+    if window.controller.closing is not None:
+        window.controller.closing.join(60)
 
 
 def wait_until_streaming(qtbot, window):
@@ -435,7 +444,7 @@ def test_saved_chat_reloads_with_colours_after_restart(qtbot, make_window):
     window = make_window(draft="other-draft", k=3, adaptive=False)
     answer = send_and_wait(qtbot, window)
     chat_id = window.conversation.id
-    window.close()
+    close_window(window)
     again = make_window()
     assert again.chat_list.count() == 1
     again.open_chat(chat_id)
@@ -449,7 +458,7 @@ def chat_saved_at_close(qtbot, make_window, saved):
     """A chat of 80 words answered, its window closed: the models' caches saved under `saved`."""
     window = make_window(saved_caches=saved)
     send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
-    window.close()
+    close_window(window)
     assert list(saved.rglob("*.pt"))
     return window.conversation.id
 
@@ -465,26 +474,30 @@ def test_a_chat_reopened_after_a_restart_is_not_read_again(qtbot, make_window, t
     assert follow_up.stats.cached_prompt_tokens >= 64
     monkeypatch.setattr(QMessageBox, "question", lambda *args: QMessageBox.Yes)
     again.delete_chat()
-    assert not list(saved.rglob("*.pt"))
+    qtbot.waitUntil(lambda: not list(saved.rglob("*.pt")), timeout=10_000)
 
 
-def test_a_deleted_chat_whose_models_were_busy_loses_its_copies_before_the_window_saves_them(
+def test_a_chat_deleted_while_the_models_are_busy_does_not_block_the_window_and_its_copies_go_later(
         qtbot, make_window, tmp_path, monkeypatch):
-    """Deleting a chat waits 5 s for a request that holds the models (here their own lock, held
-    as a request holds it); their copies of the chat, not forgotten then, go once they are free:
-    at the latest before the window saves the caches at close."""
+    """The models' lock held as a request holds it: deleting the chat returns at once (the
+    window and the API's streams share its loop), and the chat's copies go once the models are
+    free, before the caches are saved at close."""
     saved = tmp_path / "saved-caches"
     window = make_window(saved_caches=saved)
     send_and_wait(qtbot, window, " ".join(f"t{i % 90 + 1}" for i in range(80)))
     monkeypatch.setattr(QMessageBox, "question", lambda *args: QMessageBox.Yes)
-    window.controller.engine._busy.acquire()
+    busy = window.controller.engine._busy
+    busy.acquire()
     try:
-        window.delete_chat()
+        window.delete_chat()  # returns while the models are still held
+        assert window.chat_list.count() == 0
+        window.close()  # so does closing: the caches are saved on a thread of their own
+        assert window.controller.closing.is_alive()
     finally:
-        window.controller.engine._busy.release()
-    assert window.controller._forget_when_loaded  # kept to be tried again
-    window.close()
-    assert not list(saved.rglob("*.pt"))
+        busy.release()
+    window.controller.closing.join(60)
+    assert not window.controller.closing.is_alive()
+    assert not list(saved.rglob("*.pt"))  # the deleted chat was forgotten first
 
 
 def test_a_chat_deleted_while_the_models_load_loses_its_saved_copies_once_they_are_there(
@@ -501,7 +514,7 @@ def test_a_chat_deleted_while_the_models_load_loses_its_saved_copies_once_they_a
     assert again.controller.engine is None and again.chat_list.count() == 0
     hold.set()
     qtbot.waitUntil(lambda: again.controller.engine is not None, timeout=10_000)
-    assert not list(saved.rglob("*.pt"))
+    qtbot.waitUntil(lambda: not list(saved.rglob("*.pt")), timeout=10_000)
 
 
 def test_switching_models_saves_the_caches_of_those_left(qtbot, make_window, tmp_path):
@@ -532,7 +545,7 @@ def test_closing_during_generation_keeps_the_partial_answer(qtbot, make_window, 
     window.composer.setPlainText("long answer please")
     window.send_button.click()
     wait_until_streaming(qtbot, window)
-    window.close()
+    close_window(window)
     store = ChatStore(tmp_path / "chats.sqlite3")
     saved = store.load_chat(window.conversation.id).messages
     assert [m.role for m in saved] == ["user", "assistant"]
@@ -894,7 +907,7 @@ def test_the_window_reopens_where_and_as_large_as_it_was_left(qtbot, make_window
     window.resize(1200, 700)
     window.splitters["columns"].setSizes([150, 600, 450])
     qtbot.waitUntil(lambda: window.width() == 1200)
-    window.close()
+    close_window(window)
     left = [bytes(window.saveGeometry())] + [bytes(s.saveState()) for s in window.splitters.values()]
     # Qt fits a restored window into the screen, and the offscreen one is 800x600 (narrower than
     # the window can be): what is given back to Qt is checked, not what that screen makes of it.
@@ -1108,6 +1121,104 @@ def test_the_window_serves_its_models_while_it_chats(qtbot, make_window):
     assert window.server.url in window.server.label.text()
     window.server.action.setChecked(False)
     qtbot.waitUntil(lambda: not window.server.label.isVisible(), timeout=5_000)
+
+
+def test_the_windows_server_refuses_web_pages_and_takes_its_key_and_origins_from_its_settings(
+        qtbot, make_window, monkeypatch):
+    """The window's switch serves under the rules of `python -m app serve`: a text/plain body, a
+    foreign Origin and a rebound Host are refused; Chat > Server settings sets a key (generated
+    there) and the origins allowed, and the next request obeys them."""
+    import socket
+
+    import httpx
+
+    from app.ui.server_dialog import ServerSettingsDialog
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    window = make_window(server_port=port)
+    window.server.action.setChecked(True)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "t5 t9"}], "max_tokens": 2}
+    results = {}
+
+    def ask() -> None:
+        results["plain text"] = httpx.post(url, content=json.dumps(body), headers={"content-type": "text/plain"})
+        results["page"] = httpx.post(url, json=body, headers={"origin": "https://evil.example"})
+        results["rebound"] = httpx.post(url, json=body, headers={"host": f"evil.example:{port}"})
+        results["mine"] = httpx.post(url, json=body, timeout=60)
+
+    client = threading.Thread(target=ask)
+    client.start()
+    qtbot.waitUntil(lambda: len(results) == 4, timeout=60_000)
+    assert [results[k].status_code for k in ("plain text", "page", "rebound", "mine")] == [415, 403, 403, 200]
+
+    def accept(dialog):
+        next(b for b in dialog.findChildren(QPushButton) if b.text() == "Generate").click()
+        dialog.origins.setText("http://localhost:3000")
+        key = dialog.api_key.text()
+        results["key"] = key
+        return True
+
+    monkeypatch.setattr(ServerSettingsDialog, "exec", lambda dialog: accept(dialog))
+    window.server.settings_action.trigger()
+    key = results.pop("key")
+    assert len(key) >= 24 and window.settings.value("server_api_key") == key
+    results.clear()
+
+    def ask_again() -> None:
+        results["no key"] = httpx.post(url, json=body)
+        results["key"] = httpx.post(url, json=body, headers={"authorization": f"Bearer {key}",
+                                                            "origin": "http://localhost:3000"}, timeout=60)
+
+    client = threading.Thread(target=ask_again)
+    client.start()
+    qtbot.waitUntil(lambda: len(results) == 2, timeout=60_000)
+    assert results["no key"].status_code == 401 and results["key"].status_code == 200
+    assert results["key"].headers["access-control-allow-origin"] == "http://localhost:3000"
+    window.server.action.setChecked(False)
+
+
+def test_regenerate_at_a_temperature_writes_another_answer_and_compare_reruns_its_seed(qtbot, make_window):
+    """The seed is random unless fixed: each answer draws its own and keeps it, so Regenerate at
+    0.8 writes another answer, and the seed saved with each is the one it was made with."""
+    window = make_window(max_new_tokens=16)
+    assert window.controls.seed.text() == "random"
+    window.controls.temperature.setValue(0.8)
+    send_and_wait(qtbot, window, "t1 t2 t3")
+    for _ in range(2):
+        with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+            window.regenerate_button.click()
+    versions = window.conversation.messages[-1].versions
+    assert len({version.content for version in versions}) > 1
+    seeds = [json.loads(version.stats.made_with)["seed"] for version in versions]
+    assert len(set(seeds)) == 3 and all(isinstance(seed, int) for seed in seeds)
+    window.controls.seed.setValue(5)  # fixed: the same answer again
+    for _ in range(2):
+        with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+            window.regenerate_button.click()
+    fixed = window.conversation.messages[-1].versions[-2:]
+    assert fixed[0].content == fixed[1].content
+
+
+def test_stop_works_while_the_answer_waits_for_its_turn(qtbot, make_window):
+    """An API request (here a turn held as one holds it) runs: the window's message waits behind
+    it, and Stop ends the wait at once instead of after that request."""
+    window = make_window()
+    turns = window.controller.turns
+    free = asyncio.Event()
+    holding = asyncio.get_event_loop().create_task(turns.hold(free.wait))
+    qtbot.waitUntil(lambda: turns.busy, timeout=5_000)
+    window.composer.setPlainText("t1 t2")
+    window.send_button.click()
+    qtbot.waitUntil(lambda: turns.waiting == 1, timeout=5_000)
+    with qtbot.waitSignal(window.answer_finished, timeout=5_000):
+        window.stop()
+    assert turns.waiting == 0 and turns.busy  # the held turn is untouched
+    free.set()
+    qtbot.waitUntil(holding.done, timeout=5_000)
+    assert send_and_wait(qtbot, window, "t3 t4").tokens
 
 
 def test_the_engine_a_new_choice_replaces_is_let_go_before_the_new_pair_loads(qtbot, make_window):

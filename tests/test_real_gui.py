@@ -13,7 +13,7 @@ from app.engine.models.loading import load_model
 from app.engine.api import LOAD_DEFAULTS
 from app.ui.main_window import MainWindow
 from app.ui.theme import LIGHT
-from tests.test_gui import send_and_wait, token_fragments
+from tests.test_gui import close_window, send_and_wait, token_fragments
 
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,4 +60,4 @@ def test_real_pair_turn_streams_with_provenance(qtbot, tmp_path, real_models):
     assert answer.stats.emitted == 32 and "accepted" in {t.source for t in answer.tokens}
     for href, colour in token_fragments(window):
         assert colour == LIGHT.colour(window.chat_view.token_at(href).source).lower()
-    window.close()
+    close_window(window)

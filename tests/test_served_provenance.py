@@ -49,13 +49,28 @@ def test_a_real_vllm_stream_is_labelled_exactly_as_its_per_step_account_says():
 
 
 def test_exact_sources_follow_the_rule_and_refuse_an_account_that_does_not_add_up():
-    assert exact_sources(PER_STEP_ACCEPTED, PER_STEP_DRAFTED, 20) == EXPECTED
-    assert exact_sources([3, 0], [3, 3], 6) == [P, A, A, A, B, C]
-    assert exact_sources([3, 0], [3, 0], 6) == [P, A, A, A, B, P]  # a step that drafted nothing
-    assert exact_sources([2], [3], 2) == [P, A]  # the last block cut at the limit
-    assert exact_sources([2], [3], 5) is None  # more tokens than the steps made
-    assert exact_sources([2, 0], [3, 3], 2) is None  # a whole step more than the tokens
-    assert exact_sources([4], [3], 6) is None  # more accepted than drafted
+    exact = lambda accepted, drafted, chunks: exact_sources(accepted, drafted, chunks).sources
+    assert exact(PER_STEP_ACCEPTED, PER_STEP_DRAFTED, CHUNKS + [LAST_CHUNK]) == EXPECTED
+    assert exact(PER_STEP_ACCEPTED, PER_STEP_DRAFTED, [20]) == EXPECTED  # all in one chunk: the counts decide
+    assert exact([3, 0], [3, 3], [1, 4, 1]) == [P, A, A, A, B, C]
+    assert exact([3, 0], [3, 0], [1, 4, 1]) == [P, A, A, A, B, P]  # a step listed as drafting nothing
+    assert exact([2], [3], [1, 2]) == [P, A, A]  # the last block cut at the limit
+    assert exact_sources([2, 0], [3, 0], [1, 3, 1, 1]) is None  # more tokens than the listed steps made
+    assert exact_sources([2, 0], [3, 3], [1, 1]) is None  # a whole step more than the tokens
+    assert exact_sources([4], [3], [1, 5]) is None  # more accepted than drafted
+
+
+def test_a_server_that_lists_only_drafting_steps_has_its_plain_tokens_found_between_them():
+    """vLLM's arrays (an n-gram proposer finds nothing at some steps) leave those steps out: they
+    are the one-token chunks that no block fits, and a chunk of one that could be either is said
+    to be a guess."""
+    reading = exact_sources([2, 1], [3, 3], [1, 1, 3, 1, 2])
+    assert reading.sources == [P, P, A, A, C, P, A, C] and reading.unique
+    ambiguous = exact_sources([0], [3], [1, 1, 1])  # which of the two later tokens was the correction?
+    assert ambiguous is not None and not ambiguous.unique
+    steps = answer_of(stream([1, 3, 1, 2], 1, [2, 0, 1], [3, 3, 3]))  # the last step drafted nothing
+    assert [token.source for step in steps for token in step.tokens] == [P, A, A, C, C, A, C, P]
+    assert not steps[-1].estimated and steps[-1].stats.target_passes == 5
 
 
 def test_a_chunk_holding_two_steps_is_corrected_by_the_account_and_logged(caplog):

@@ -9,7 +9,7 @@ import pytest
 
 from app.chat.prompt import chat_prompt_ids
 from app.engine.api import GenerationOptions, SpeculativeEngine, Turns
-from app.serve.command import is_loopback
+from app.serve.guard import Access, is_loopback
 from app.serve.server import ServerState
 from tests.running_server import RunningServer
 from tests.tiny import tiny_model
@@ -26,7 +26,7 @@ def serve():
 
     def start(engine, key=None, queue=16, **defaults):
         options = GenerationOptions(k=3, adaptive=False, max_new_tokens=24, **defaults)
-        running.append(RunningServer(ServerState(lambda: engine, "tiny", options, key, Turns(queue))))
+        running.append(RunningServer(ServerState(lambda: engine, "tiny", options, Access(key), Turns(queue))))
         return running[-1]
 
     yield start
@@ -116,7 +116,8 @@ def test_stop_strings_end_the_answer_before_them(engine, serve):
 def test_bad_requests_get_openai_errors_with_their_status(engine, serve):
     server = serve(engine)
     post = lambda body, **kwargs: httpx.post(f"{server.url}/v1/chat/completions", timeout=30, **kwargs,
-                                             **({"json": body} if body is not None else {}))
+                                             **({"json": body} if body is not None else
+                                                {"headers": {"content-type": "application/json"}}))
     for body, param in [({"messages": QUESTION, "temperature": 5}, "temperature"), ({"messages": QUESTION, "n": 2}, "n"),
                         ({"messages": []}, "messages"), ({"messages": QUESTION, "top_p": 0}, "top_p")]:
         response = post(body)
@@ -161,7 +162,7 @@ def test_a_full_queue_gets_429_and_a_client_that_leaves_frees_the_engine(engine,
     """One answer runs, one waits, a third is refused with Retry-After; the running one's client
     leaves mid-stream, and the waiting one starts within a step."""
     server = serve(engine, queue=1)
-    queue = server.app.state.turns
+    queue = server.state.turns
     long = {"messages": QUESTION, "temperature": 0, "max_tokens": 3500, "stream": True}
     with httpx.Client(timeout=60) as first_client:
         with first_client.stream("POST", f"{server.url}/v1/chat/completions", json=long) as first:
@@ -219,7 +220,7 @@ def test_concurrent_clients_are_each_served_or_refused_and_memory_stays_flat(eng
         assert len(results) == 24 and set(results) <= {200, 429} and 200 in results, results
         resident.append(psutil.Process().memory_info().rss)
     assert resident[2] - resident[0] < 32 * 2**20, [r / 2**20 for r in resident]
-    assert server.app.state.turns.waiting == 0 and not engine._busy.locked()
+    assert server.state.turns.waiting == 0 and not engine._busy.locked()
     again = server.client().chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=24)
     assert [t["id"] for t in again.choices[0].model_extra["provenance"]] == plain_ids(
         engine, chat_prompt_ids(engine.target.tokenizer, QUESTION))

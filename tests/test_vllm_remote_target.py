@@ -75,7 +75,10 @@ def test_vllm_provenance_agrees_with_the_servers_per_step_account(vllm, caplog):
         steps = served.answer_steps(remote, prompt, GenerationOptions(max_new_tokens=96))
     live = [token.source for step in steps for token in step.tokens]
     stats = steps[-1].stats  # the server's own account
-    exact = exact_sources(list(stats.accepted_lengths), list(stats.drafted_lengths), len(live))
+    reading = exact_sources(list(stats.accepted_lengths), list(stats.drafted_lengths),
+                            [len(step.tokens) for step in steps if step.tokens])
+    assert reading is not None and steps[-1].estimated == (not reading.unique)
+    exact = reading.sources
     assert exact is not None and stats.accepted > 0 and Source.BONUS in exact  # real acceptance
     if steps[-1].relabelled is None:  # each chunk was one step: labelled live exactly
         assert live == exact and not caplog.text

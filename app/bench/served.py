@@ -66,7 +66,7 @@ def _summary(runs: list[ChatRun], wall: float) -> dict:
 def run_served_speed(args: argparse.Namespace) -> dict:
     tokenizer = load_tokenizer(args.target)
     servers = {"speculative": args.server, "plain": args.plain_server}
-    key = os.environ.get("SPECCHAT_API_KEY") or None
+    key = os.environ.get("SPECCHAT_SERVER_KEY") or None
     engines = {mode: RemoteEngine.connect(url, args.server_model or None, tokenizer, key, args.target)
                for mode, url in servers.items() if url}
     questions = [row["question"] for row in read_jsonl(args.data, max(CHATS))]

@@ -63,6 +63,10 @@ class ChatController:
         self.loading = False  # models are being loaded for the latest choice
         self.loaded_options: LoadOptions | None = None  # the choice that last loaded: a failed one goes back to it
         self._cancel = threading.Event()  # the running answer's
+        self._stop_waiting = asyncio.Event()  # set by Stop: an answer waiting for its turn gives it up
+        self.closing: threading.Thread | None = None  # saving the caches as the window closes
+        self._forgetting = threading.Lock()  # one forgetting job at a time
+        self._pending = threading.Lock()  # the list below, shared with those jobs' threads
         self._generation: asyncio.Task | None = None
         self._reading_ahead: tuple[asyncio.Task, threading.Event] | None = None
         self._closed = False
@@ -102,8 +106,8 @@ class ChatController:
             return self.models.engine(ticket, chosen, report)
 
         error = None
-        try:
-            engine = await in_thread("load", job)
+        try:  # after the answers already running or queued (the server's), before those that come next
+            engine = await self.turns.hold(lambda: in_thread("load", job))
         except ModelError as failure:  # a missing or corrupt model file
             engine, error = None, str(failure)
         except Exception as failure:  # anything else: said in the window, traceback in the log
@@ -229,7 +233,8 @@ class ChatController:
         a new chat follows."""
         if self.conversation.id is None or self.session.busy:
             return
-        self._forget_when_loaded.append((self.session.prompt_for(""), self.session.thinking))
+        with self._pending:
+            self._forget_when_loaded.append((self.session.prompt_for(""), self.session.thinking))
         self._forget_deleted_chats()
         self._save(lambda: self.store.delete_chat(self.conversation.id))
         self.new_chat(system_prompt)
@@ -243,14 +248,25 @@ class ChatController:
         self._report_save_errors()
 
     def _forget_deleted_chats(self) -> None:
+        """Forgets the deleted chats' caches on a thread, in a turn at the engine of its own."""
         if self.engine is None or not self._forget_when_loaded:
             return
         self._stop_reading_ahead()
-        tokenizer = self.engine.target.tokenizer
-        # one still in use by a request (forget_conversation timed out) is tried again after it
-        self._forget_when_loaded = [
-            (prompt, thinking) for prompt, thinking in self._forget_when_loaded
-            if not self.engine.forget_conversation(chat_prompt_ids(tokenizer, prompt, thinking), wait_seconds=10)]
+        engine = self.engine
+        self._spawn(self.turns.hold(lambda: in_thread("forget", lambda: self._forget_now(engine))))
+
+    def _forget_now(self, engine: SpeculativeEngine) -> None:
+        """(On a thread.) Forgets the deleted chats' caches; one still in use by a request
+        (forget_conversation timed out) stays on the list, to be tried again after it. One job at
+        a time: the one at close waits for one still running, and finds what none took yet."""
+        tokenizer = engine.target.tokenizer
+        with self._forgetting:
+            with self._pending:
+                pending, self._forget_when_loaded = self._forget_when_loaded, []
+            left = [(prompt, thinking) for prompt, thinking in pending if not engine.forget_conversation(
+                chat_prompt_ids(tokenizer, prompt, thinking), wait_seconds=10)]
+            with self._pending:
+                self._forget_when_loaded[:0] = left
 
     # ---- generation -----------------------------------------------------------------------------
     @property
@@ -281,9 +297,11 @@ class ChatController:
         return self.ready and not self.served_by and self._start(self.session.compare(self.engine, options))
 
     def stop(self) -> bool:
-        """Stops the answer at its next step; False when none runs."""
+        """Stops the answer at its next step, or before it starts while it waits for its turn;
+        False when none runs."""
         running = self.session.busy
         self._cancel.set()
+        self._stop_waiting.set()
         return running
 
     def _start(self, request: Request | None) -> bool:
@@ -291,15 +309,18 @@ class ChatController:
         if request is None:
             return False
         self._cancel = cancel = threading.Event()
+        self._stop_waiting = asyncio.Event()
         self.started.emit(request.kind)
         self._generation = self._spawn(self._generate(self.engine, request, cancel))
         return True
 
     async def _generate(self, engine: SpeculativeEngine, request: Request, cancel: threading.Event) -> None:
         self.turns.reserve(always=True)
-        await self.turns.take()  # after the server's requests that came first
-        released = False
+        released = True  # (no turn is held yet)
         try:
+            if not await self.turns.take_unless(self._stop_waiting):  # after the server's requests that came first
+                return  # stopped while it waited
+            released = False
             await self.make_room()
             steps = steps_of("generate", lambda: engine.generate(request.prompt_ids, request.options, cancel), cancel,
                              on_end=self.turns.release)
@@ -366,15 +387,23 @@ class ChatController:
     # ---- closing ----------------------------------------------------------------------------------
     def close(self) -> None:
         """The window closes: the answer stops at its next step and what it wrote is kept (marked
-        interrupted), deleted chats are forgotten, the caches saved for the next run."""
+        interrupted). Deleted chats are forgotten and the caches saved for the next run on a
+        thread (`closing`; the app waits for it before it exits), not on the window's loop."""
         self._closed = True
         self.models.closing()
         self._stop_reading_ahead()
         self._cancel.set()
+        self._stop_waiting.set()
         self.session.interrupt()
         if self.engine is not None:
-            self._forget_deleted_chats()  # before the caches are saved: a deleted chat's must not be
-            self.engine.save_caches(wait_seconds=30)  # waits for the answer's last step to end
+            engine = self.engine
+
+            def save() -> None:
+                self._forget_now(engine)  # before the caches are saved: a deleted chat's must not be
+                engine.save_caches(wait_seconds=30)  # waits for the answer's last step to end
+
+            self.closing = threading.Thread(target=save, name="closing: saving the caches")
+            self.closing.start()
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _spawn(self, work: Coroutine) -> asyncio.Task:

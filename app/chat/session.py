@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from ..engine.choices import GenerationOptions, ProposerKind, SamplingParams
+from ..engine.choices import GenerationOptions, ProposerKind, SamplingParams, draw_seed
 from ..engine.steps import FinishReason, Step
 from .answer import AnswerBuilder
 from .conversation import Comparison, Conversation, Message
@@ -198,6 +198,8 @@ class ChatSession:
                options: GenerationOptions, continues: Message | None = None) -> Request:
         tokenizer = engine.target.tokenizer
         prompt_ids = chat_prompt_ids(tokenizer, prompt, self.thinking)
+        if options.seed is None:  # a fresh one, saved with the answer: Compare reruns it with the same
+            options = replace(options, seed=draw_seed())
         # Compare reruns a continued answer's prompt in one go: with the budget of both parts.
         made_with = options
         if continues is not None:

@@ -14,6 +14,7 @@ from .choices import (CACHE_TYPES, CHAT_DEFAULTS, COMMON_TOKENS, DEFAULTS, LOAD_
 from .models.defaults import DEFAULTS as DEFAULT_MODELS
 from .errors import EngineBusyError, IncompatibleModelsError, ModelError, PromptTooLongError, in_one_line
 from .files import cache_root, private_folder
+from .interface import Engine
 from .model_pool import ModelPool
 from .models.prepared_copies import PreparedCopy, age_in_words, float_model, noted_precision, noted_source
 from .models.prepared_copies import copies as prepared_copies, delete as delete_prepared_copy, folder as prepared_folder
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "call_soon", "CACHE_TYPES", "CHAT_DEFAULTS", "COMMON_TOKENS", "DEFAULTS", "DEFAULT_MODELS", "LOAD_DEFAULTS", "EmittedToken",
-    "EngineBusyError", "FinishReason", "GenerationOptions", "IncompatibleModelsError", "LoadOptions", "LoadedModel",
+    "Engine", "EngineBusyError", "FinishReason", "GenerationOptions", "IncompatibleModelsError", "LoadOptions", "LoadedModel",
     "ModelError", "ModelPool", "Precision", "PreparedCopy", "PromptTooLongError", "ProposerKind", "SamplingParams",
     "Source", "SpeculativeEngine", "Stats", "Step", "age_in_words", "cache_root", "delete_prepared_copy",
     "float_model", "in_one_line", "in_thread", "load_tokenizer", "noted_precision", "noted_source",

@@ -3,6 +3,7 @@ and stores them before the engine is imported (torch and transformers take secon
 and the window opens first)."""
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -91,7 +92,7 @@ class GenerationOptions:
     k: int = 8  # the starting length when adaptive
     adaptive: bool = True
     sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy
-    seed: int = 0
+    seed: int | None = None  # None: a fresh one each answer (draw_seed), saved with it
     max_new_tokens: int = 512
     # A draft model's draft takes up to this many tokens from earlier text where its last three
     # tokens occurred before (0: never); speed only, see DraftModelProposer.
@@ -104,6 +105,14 @@ class GenerationOptions:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if not 0 <= self.lookup <= 64:
             raise ValueError(f"lookup must be between 0 and 64, got {self.lookup}")
+
+
+SEED_LIMIT = 2**63 - 1  # a torch.Generator's seed, in a JSON integer every client can write
+
+
+def draw_seed() -> int:
+    """A fresh seed for a sampled answer that asked for none."""
+    return secrets.randbelow(SEED_LIMIT + 1)
 
 
 DEFAULTS = GenerationOptions()

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .models.decoder import Decoder, cached, pass_seconds
-from .choices import COMMON_TOKENS, GenerationOptions, ProposerKind
+from .choices import COMMON_TOKENS, GenerationOptions, ProposerKind, draw_seed
 from .draft_vocabulary import DraftVocabulary
 from .errors import EngineBusyError, IncompatibleModelsError, PromptTooLongError
 from .loop import Limits, read_ahead_into, speculative_generate
@@ -62,6 +62,15 @@ class SpeculativeEngine:
         """Why greedy speculative output may part from plain output here, or None where it cannot."""
         return None if self.target.model.device.type == "cpu" else GPU_ROUNDING
 
+    @property
+    def vocabulary_size(self) -> int:
+        return int(self.target.model.config.vocab_size)
+
+    def spec_tokens(self, options: GenerationOptions) -> int:
+        if not options.speculative:
+            return 0
+        return CostAwareK.k_max if options.adaptive else options.k
+
     @classmethod
     def for_pair(cls, target: LoadedModel, draft: LoadedModel, draft_vocabulary: int = COMMON_TOKENS,
                  kv_cache: torch.dtype | None = None) -> SpeculativeEngine:
@@ -87,7 +96,7 @@ class SpeculativeEngine:
             if options.adaptive and not self.costs.ready:
                 self.calibrate()
             self._check_memory(len(prompt_ids) + options.max_new_tokens)
-            generator = torch.Generator(device=self._target.device).manual_seed(options.seed)
+            generator = torch.Generator(device=self._target.device).manual_seed(options.seed if options.seed is not None else draw_seed())
             policy = CostAwareK(self.costs, k=options.k) if options.adaptive else FixedK(options.k)
             limits = Limits(options.max_new_tokens, self.target.context_length, self.target.stop_tokens)
             for step in speculative_generate(self._target, self._proposer(options, generator), policy, prompt_ids,

@@ -45,7 +45,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="", metavar="URL",
                         help="an OpenAI-compatible server (vLLM, another SpecChat) that serves the target, e.g. "
                              "http://gpu-box:8000/v1; --target then names the same model here for its tokenizer and "
-                             "chat template, and the server drafts with its own draft (key: SPECCHAT_API_KEY)")
+                             "chat template, and the server drafts with its own draft (its key: SPECCHAT_SERVER_KEY)")
     parser.add_argument("--server-model", default="", metavar="NAME",
                         help="the served model's name (default: the server's first)")
 

@@ -113,7 +113,7 @@ class ModelPool:
             report(f"Connecting to {chosen.server}", None)
             tokenizer = load_tokenizer(chosen.target)
             engine = RemoteEngine.connect(chosen.server, chosen.server_model or None, tokenizer,
-                                          os.environ.get("SPECCHAT_API_KEY") or None, chosen.target)
+                                          os.environ.get("SPECCHAT_SERVER_KEY") or None, chosen.target)
             self.models.clear()  # connected: the local models' memory back (a failed connect keeps them)
             self.device_text, self.on_gpu = f"a server ({engine.served_by})", False
             return engine if self.is_current(ticket) else None

@@ -126,6 +126,9 @@ class Step:
     # The sources of every token of this request, in place of what earlier steps said: a served
     # answer's live labels, corrected by the server's final account (None: nothing to correct).
     relabelled: tuple[Source, ...] | None = None
+    # The sources are a served answer's guess: it ended before the server's account came (Stop, a
+    # failure), or the account fits more than one reading of its chunks.
+    estimated: bool = False
 
 
 def first_stop(ids: list[int], stop_tokens: frozenset[int]) -> int | None:

@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import os
 import sys
 
 from ..engine.api import ModelError, ModelPool, Turns, in_thread
 from ..engine.flags import generation_options, load_options
+from .guard import Access, is_loopback, parse_origins
 from .server import ServerState, create_app
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -31,8 +22,9 @@ def run_server(args: argparse.Namespace) -> int:
               "(--api-key or SPECCHAT_API_KEY), or serve on 127.0.0.1", file=sys.stderr)
         return 2
     loaded = {}
+    access = Access(key, parse_origins(" ".join(args.allow_origin or [])), args.host)
     state = ServerState(lambda: loaded.get("engine"), args.target,
-                        generation_options(args, max_new_tokens=args.max_new_tokens), key, Turns(args.queue))
+                        generation_options(args, max_new_tokens=args.max_new_tokens), access, Turns(args.queue))
     server = uvicorn.Server(uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning"))
     progress = lambda stage, fraction: print(f"  {stage}" + (f" {fraction:.0%}" if fraction is not None else ""),
                                              file=sys.stderr, flush=True)

@@ -22,7 +22,9 @@ class Released:
 
 
 class RequestOutput:
-    def __init__(self, tokenizer, stop: list[str]) -> None:
+    """spec_tokens: the most draft tokens a step may verify as configured (vLLM's num_spec_tokens)."""
+
+    def __init__(self, tokenizer, stop: list[str], spec_tokens: int = 0) -> None:
         self.decoder = IncrementalDecoder(tokenizer)
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1  # characters a stop string may still need
@@ -30,17 +32,11 @@ class RequestOutput:
         self.text = ""  # released so far
         self.stats = Stats()
         self.finish: str | None = None  # "stop" | "length" (None: still running)
-        # (accepted, drafted) of each step after the first, steps that drafted nothing included:
-        # with the first token plain, they account for every token (vLLM's per-step metrics)
-        self.per_step: list[tuple[int, int]] = []
-        self._steps = 0
+        self.spec_tokens = spec_tokens
+        self.sent_tokens = 0  # the tokens released: what usage counts
 
     def add(self, step: Step) -> Released:
         """The step's tokens; what may be sent now."""
-        if step.tokens:
-            if self._steps:
-                self.per_step.append((step.stats.accepted - self.stats.accepted, step.stats.drafted - self.stats.drafted))
-            self._steps += 1
         self.stats = step.stats
         for token in step.tokens:
             entry = {"id": token.id, "text": self.decoder.push(token.id), "source": token.source.value}
@@ -78,6 +74,7 @@ class RequestOutput:
         if final:
             self.pending.clear()
         self.text += released.text
+        self.sent_tokens += len(released.provenance)
         return released
 
     @property
@@ -85,21 +82,23 @@ class RequestOutput:
         return self.finish is not None
 
     def usage(self, prompt_tokens: int) -> dict:
-        generated = self.stats.emitted
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": generated, "total_tokens": prompt_tokens + generated}
+        """The tokens sent (none after a stop string), as the answer's token_ids and provenance list them."""
+        sent = self.sent_tokens
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
 
     def metrics(self) -> dict:
-        """vLLM's per-request speculative-decoding metrics, under its names."""
-        accepted = [a for a, _ in self.per_step]
-        drafted = [d for _, d in self.per_step]
-        spec_tokens = max(drafted, default=0)
-        histogram = [0] * (spec_tokens + 1)
+        """vLLM's per-request speculative-decoding metrics, with its meanings (docs/serving.md):
+        num_spec_tokens the configured draft length; num_spec_steps the steps that verified a
+        draft (the first step's copies included, steps that drafted nothing not); the per-step
+        arrays one entry per such step; acceptance_histogram[n] the steps that accepted n."""
+        accepted, drafted = list(self.stats.accepted_lengths), list(self.stats.drafted_lengths)
+        histogram = [0] * (max([self.spec_tokens, *drafted]) + 1)
         for count in accepted:
             histogram[count] += 1
-        steps = len(self.per_step)
+        steps = len(drafted)
         return {"speculative_decoding": {
             "num_spec_steps": steps, "num_draft_tokens": sum(drafted), "num_accepted_draft_tokens": sum(accepted),
-            "num_spec_tokens": spec_tokens,
+            "num_spec_tokens": self.spec_tokens,
             "mean_acceptance_length": round(1 + sum(accepted) / steps, 4) if steps else 1.0,
             "draft_acceptance_rate": round(sum(accepted) / sum(drafted), 4) if sum(drafted) else 0.0,
             "acceptance_histogram": histogram, "per_step_accepted": accepted, "per_step_drafted": drafted}}

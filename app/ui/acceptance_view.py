@@ -78,6 +78,10 @@ class Trace(QWidget):
         painter.drawPolyline(points)
 
 
+ESTIMATED = (" This answer's colours are estimated: it ended before the server's account of its steps came (Stop, "
+             "a failure), or that account fits its chunks more than one way.")
+
+
 class AcceptanceView(QWidget):
     def __init__(self) -> None:
         super().__init__()
@@ -149,6 +153,16 @@ class AcceptanceView(QWidget):
 
     def show_colours_note(self, note: str) -> None:
         """Where the colours come from, for a target on a server ("" hides the row: they are this computer's)."""
+        self._colours_note = note
+        self._show_colours(note)
+
+    def show_estimated(self, estimated: bool) -> None:
+        """Whether the last served answer's colours are guesses (stopped before the server's account)."""
+        note = self._colours_note + (ESTIMATED if estimated else "")
+        if note != self.colours.text():
+            self._show_colours(note)
+
+    def _show_colours(self, note: str) -> None:
         self.colours.setText(note)
         self._form.setRowVisible(self.colours, bool(note))
         self._relayout.start()

@@ -89,6 +89,8 @@ def run_gui() -> int:
     close_on_signals(window)
     window.show()
     app.exec()
+    if window.controller.closing is not None:  # the caches being saved for the next run
+        window.controller.closing.join(60)
     window.store.close()
     leave_work_behind(window.settings)
     return 0

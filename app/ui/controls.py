@@ -23,6 +23,9 @@ PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.B
                     Precision.FP32: "fp32 (reference)", Precision.INT8: "fp32 + dynamic int8"}
 
 
+RANDOM_SEED = -1  # the seed picker's "random"
+
+
 class ControlsPanel(QTabWidget):
     models_changed = Signal()
     add_model_requested = Signal()
@@ -158,8 +161,12 @@ class ControlsPanel(QTabWidget):
         self.max_new_tokens.setRange(1, 8192)
         self.max_new_tokens.setValue(DEFAULTS.max_new_tokens)
         self.seed = QSpinBox()
-        self.seed.setRange(0, 2**31 - 1)
-        self.seed.setValue(DEFAULTS.seed)
+        self.seed.setRange(RANDOM_SEED, 2**31 - 1)  # the lowest: "random"
+        self.seed.setSpecialValueText("random")
+        self.seed.setValue(RANDOM_SEED if DEFAULTS.seed is None else DEFAULTS.seed)
+        self.seed.setToolTip("Random: each answer and each Regenerate samples with a fresh seed, saved with the answer\n"
+                             "(Compare reruns it with the same one). A number fixes it: the same settings then give\n"
+                             "the same answer. Greedy decoding (temperature 0) needs none.")
         # Two pairs a row: the tab widget is as tall as its tallest page, and six rows in one
         # column took the acceptance view's chart its axis labels at 1280x800.
         grid = QGridLayout(sampling)
@@ -235,7 +242,7 @@ class ControlsPanel(QTabWidget):
             sampling=SamplingParams(temperature=self.temperature.value(), top_k=self.top_k.value(),
                                     top_p=self.top_p.value(), min_p=self.min_p.value(),
                                     repeat_penalty=self.repeat_penalty.value()),
-            seed=self.seed.value(),
+            seed=None if self.seed.value() == RANDOM_SEED else self.seed.value(),
             max_new_tokens=self.max_new_tokens.value(),
             lookup=DEFAULTS.lookup if self.lookup.isChecked() else 0,
         )

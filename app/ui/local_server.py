@@ -1,6 +1,8 @@
 """The window's *Serve on localhost* switch: the OpenAI-compatible API (serve/server.py) runs on
-the window's own loop, in this process, over the models the window has loaded; its requests and
-the window's chat take turns at the engine in order of arrival."""
+the window's own loop, in this process, over the models the window has loaded (here or on a
+server); its requests, the window's chat and model loads take turns at the engine in order of
+arrival. Chat > Server settings sets its port, key and allowed web origins (server_dialog.py),
+under the same rules as `python -m app serve` (serve/guard.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +15,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QLabel
 
 if TYPE_CHECKING:
+    from ..serve.guard import Access
     from ..serve.server import ServerState
     from .main_window import MainWindow
 
@@ -22,11 +25,15 @@ DEFAULT_PORT = 8765
 class LocalServer:
     def __init__(self, window: MainWindow) -> None:
         self.window = window
-        self.port = int(window.settings.value("server_port", DEFAULT_PORT))
-        self.action = QAction(f"Serve on localhost:{self.port}", window, checkable=True)
-        self.action.setToolTip("An OpenAI-compatible API for your editor, agents and scripts, over the models loaded "
-                               f"here: http://127.0.0.1:{self.port}/v1 (loopback only)")
+        settings = window.settings
+        self.port = int(settings.value("server_port", DEFAULT_PORT))
+        self.api_key = str(settings.value("server_api_key", ""))
+        self.origins = str(settings.value("server_origins", ""))
+        self.action = QAction(window, checkable=True)
         self.action.toggled.connect(self.switch)
+        self.settings_action = QAction("Server settings...", window)
+        self.settings_action.triggered.connect(self.edit_settings)
+        self._name_action()
         self.label = QLabel()
         window.statusBar().addPermanentWidget(self.label)
         self.label.hide()
@@ -40,11 +47,43 @@ class LocalServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def _name_action(self) -> None:
+        self.action.setText(f"Serve on localhost:{self.port}")
+        self.action.setToolTip("An OpenAI-compatible API for your editor, agents and scripts, over the models loaded "
+                               f"here: http://127.0.0.1:{self.port}/v1 (loopback only"
+                               + (", with an API key" if self.api_key else "") + ")")
+
+    def access(self) -> Access:
+        from ..serve.guard import Access, parse_origins
+
+        return Access(self.api_key or None, parse_origins(self.origins), "127.0.0.1")
+
+    def edit_settings(self) -> None:
+        from .server_dialog import ServerSettingsDialog
+
+        dialog = ServerSettingsDialog(self.port, self.api_key, self.origins, self.window)
+        if not dialog.exec():
+            return
+        port = dialog.port.value()
+        self.api_key, self.origins = dialog.api_key.text().strip(), dialog.origins.text().strip()
+        for key, value in (("server_port", port), ("server_api_key", self.api_key), ("server_origins", self.origins)):
+            self.window.settings.setValue(key, value)
+        if self.state is not None:
+            self.state.access = self.access()  # read at each request
+        if port != self.port:
+            serving = self._server is not None
+            self.switch(False)
+            self.port = port
+            if serving:  # on the new port
+                self.start()
+        self._name_action()
+
     def switch(self, on: bool) -> None:
         if on and self._server is None:
             self.start()
         elif not on and self._server is not None:
-            self._server.should_exit = True  # its task ends after the requests running now
+            self._server.should_exit = True  # its task ends once the requests running now stop
+            self.state.cancel_all()  # they stop at their next step, and those waiting now
             self._server = None
             self._refresh.stop()
             self.label.hide()
@@ -61,12 +100,12 @@ class LocalServer:
         except OSError as error:
             listening.close()
             self.action.setChecked(False)
-            self.window.show_error("Cannot serve", f"Port {self.port} is taken ({error.strerror}); set another with "
-                                   "the server_port setting.")
+            self.window.show_error("Cannot serve", f"Port {self.port} is taken ({error.strerror}); choose another "
+                                   "in Chat > Server settings.")
             return
         controller = self.window.controller
         self.state = ServerState(lambda: controller.engine, self._model_name(), self.window.controls.generation_options,
-                                 turns=controller.turns, make_room=controller.make_room)
+                                 self.access(), controller.turns, controller.make_room)
         self._server = _in_the_window(uvicorn.Config(create_app(self.state), log_level="warning"))
         asyncio.get_running_loop().create_task(self._server.serve(sockets=[listening]))
         self._refresh.start()

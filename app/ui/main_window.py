@@ -116,6 +116,7 @@ class MainWindow(QMainWindow):
                                           "starts as soon as you send it (a pasted document too)")
         chat_menu.addAction(self.read_ahead_action)
         chat_menu.addAction(self.server.action)
+        chat_menu.addAction(self.server.settings_action)
 
     def _connect(self) -> None:
         c, controller = self.controls, self.controller
@@ -346,6 +347,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Stopping after this step...", 3000)
 
     def _on_step(self, step) -> None:
+        self.acceptance.show_estimated(step.estimated)
         if step.stats.prompt_read:  # a long prompt is still being read
             self.statusBar().showMessage(
                 f"{READING_PROMPT} {step.stats.prompt_read:,} of {self.controller.prompt_tokens():,} tokens...")

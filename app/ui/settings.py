@@ -50,7 +50,7 @@ def window_settings(window: MainWindow) -> list[Setting]:
                 lambda value: c.proposer.setCurrentIndex(max(c.proposer.findData(ProposerKind(value)), 0))),
         spin("temperature", c.temperature, float), spin("top_k", c.top_k, int), spin("top_p", c.top_p, float),
         spin("min_p", c.min_p, float), spin("repeat_penalty", c.repeat_penalty, float),
-        spin("max_new_tokens", c.max_new_tokens, int), spin("seed", c.seed, int), checkbox("thinking", c.thinking),
+        spin("max_new_tokens", c.max_new_tokens, int), spin("sampling_seed", c.seed, int), checkbox("thinking", c.thinking),
         checkbox("colouring", window.colouring), checkbox("ghosts", window.ghosts),
         Setting("theme", str, lambda: window.theme.name, lambda value: window.dark_action.setChecked(value == "dark")),
         checkbox("read_ahead", window.read_ahead_action),

@@ -108,7 +108,7 @@ class ServerClient:
     def _refusal(self, response: httpx.Response, model: str | None) -> ServerError:
         status, said = response.status_code, _message(_json_or_none(response.text)) or response.reason_phrase
         if status == 401:
-            return ServerError(f"the server at {self.root} refused the API key (set SPECCHAT_API_KEY): {said}")
+            return ServerError(f"the server at {self.root} refused the API key (set SPECCHAT_SERVER_KEY): {said}")
         if status == 404 and model and "model" in said.lower():
             return ServerError(f"the server at {self.root} serves no model named '{model}': {said}")
         if status == 404:

@@ -20,7 +20,7 @@ from ..choices import GenerationOptions
 from ..errors import PromptTooLongError
 from ..steps import EmittedToken, FinishReason, Source, Stats, Step
 from .client import ServedModel, ServerClient, ServerError
-from .provenance import LiveLabels, exact_sources
+from .provenance import LiveLabels, Reading, exact_sources
 
 log = logging.getLogger("specchat")
 
@@ -107,6 +107,13 @@ class RemoteEngine:
         target = ServedTarget(served.id, tokenizer, served.max_model_len or 0, f"served at {client.root}")
         return cls(client, target, Speculation.of(answer), tuple(served.id for served in models))
 
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self.target.tokenizer)
+
+    def spec_tokens(self, options: GenerationOptions) -> int:
+        return self.speculation.spec_tokens or 0  # the server's own k, whatever the options say
+
     # ---- answering ----------------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], options: GenerationOptions,
                  cancel: threading.Event | None = None) -> Iterator[Step]:
@@ -172,6 +179,8 @@ class ServedAnswer:
         self.held: list[int] = []  # the last chunk's tokens, until the final account
         self.held_sources: list[Source] = []  # as labelled live
         self.metrics: dict | None = None
+        self.chunks: list[int] = []  # the token count of each chunk that brought tokens
+        self.told = True  # the server named every token's source (SpecChat's provenance)
 
     def add(self, chunk: dict) -> Step | None:
         metrics = _speculation_metrics(chunk)
@@ -185,6 +194,10 @@ class ServedAnswer:
             given = _given_sources(choice, len(ids))  # SpecChat's servers say each token's source
             if given is not None:
                 sources = given
+            elif ids:
+                self.told = False
+            if ids:
+                self.chunks.append(len(ids))
             if choice.get("finish_reason"):
                 self.finish = self._finish(choice["finish_reason"])
                 self.held, self.held_sources = list(ids), sources
@@ -198,19 +211,29 @@ class ServedAnswer:
         tells otherwise of tokens labelled live, the step relabels the whole answer."""
         held, self.held = self.held, []
         shown = list(self.sources)
-        exact = self._exact(len(shown) + len(held))
+        reading = None if self.told else self._exact()
+        exact = reading.sources if reading is not None else None
         step = self._step(held, exact[len(shown):] if exact else self.held_sources, self.finish or FinishReason.STOP)
         if exact is not None and exact[: len(shown)] != shown:
             at = next(i for i, (a, b) in enumerate(zip(exact, shown)) if a != b)
-            log.error("served answer: the live labels differ from the server's per-step account from token %d on "
-                      "(a chunk held more than one step); the server's account is shown", at)
+            if reading.unique:
+                log.error("served answer: the live labels differ from the server's per-step account from token %d "
+                          "on (a chunk held more than one step); the server's account is shown", at)
             step = replace(step, relabelled=tuple(exact))
-        return self._with_server_counts(step)
+        estimated = self._labelled and not self.told and (reading is None or not reading.unique)
+        return replace(self._with_server_counts(step), estimated=estimated)
 
     def stopped(self, finish: FinishReason = FinishReason.CANCELLED) -> Step:
-        """The step that ends an answer cut short here (Stop) or by the server's failure."""
+        """The step that ends an answer cut short here (Stop) or by the server's failure: no
+        account comes, so colours other than plain are the live guesses."""
         held, self.held = self.held, []
-        return self._step(held, self.held_sources[: len(held)], finish)
+        step = self._step(held, self.held_sources[: len(held)], finish)
+        return replace(step, estimated=self._labelled and not self.told)
+
+    @property
+    def _labelled(self) -> bool:
+        """Tokens were labelled by the server's speculation (not all plain)."""
+        return self.live.spec_tokens is not None and bool(self.token_ids)
 
     def _step(self, ids: list[int], sources: list[Source], finish: FinishReason | None = None) -> Step:
         now = self.clock()
@@ -229,14 +252,14 @@ class ServedAnswer:
         tokens = [EmittedToken(token, source, 1.0) for token, source in zip(ids, sources)]
         return Step(tokens, [], self.stats, finish)
 
-    def _exact(self, tokens: int) -> list[Source] | None:
+    def _exact(self) -> Reading | None:
         if self.metrics is None or "per_step_accepted" not in self.metrics:
             return None
-        exact = exact_sources(self.metrics["per_step_accepted"], self.metrics["per_step_drafted"], tokens)
-        if exact is None:
+        reading = exact_sources(self.metrics["per_step_accepted"], self.metrics["per_step_drafted"], self.chunks)
+        if reading is None:
             log.error("served answer: the server's per-step account (%d steps) does not add up to its %d tokens; "
-                      "the live labels are shown", len(self.metrics["per_step_accepted"]), tokens)
-        return exact
+                      "the live labels are shown", len(self.metrics["per_step_accepted"]), sum(self.chunks))
+        return reading
 
     def _with_server_counts(self, step: Step) -> Step:
         """The server's own totals in place of what the chunks suggested."""
@@ -249,9 +272,16 @@ class ServedAnswer:
                         accepted=int(metrics.get("num_accepted_draft_tokens", 0)),
                         accepted_lengths=tuple(a for a, d in zip(accepted_lengths, drafted_lengths) if d),
                         drafted_lengths=tuple(d for d in drafted_lengths if d),
-                        target_passes=1 + int(metrics["num_spec_steps"]) if "num_spec_steps" in metrics
+                        target_passes=self._passes(int(metrics["num_spec_steps"]), int(
+                            metrics.get("num_accepted_draft_tokens", 0))) if "num_spec_steps" in metrics
                         else step.stats.target_passes)
         return replace(step, stats=stats)
+
+    def _passes(self, spec_steps: int, accepted: int) -> int:
+        """The server's steps: the prompt's, those that verified a draft, and one per token made
+        between them with nothing drafted (steps vLLM's arrays leave out)."""
+        made_plainly = len(self.token_ids) - 1 - accepted - spec_steps
+        return 1 + spec_steps + max(made_plainly, 0)
 
     def _finish(self, reason: str) -> FinishReason:
         if reason == "length":
