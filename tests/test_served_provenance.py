@@ -104,3 +104,24 @@ def test_our_servers_per_token_sources_are_taken_as_they_come():
                           "provenance": [{"id": 5, "source": "accepted"}, {"id": 6, "source": "bonus"}]}]}
     answer = ServedAnswer(3)
     assert [t.source for t in answer.add(chunk).tokens] == [A, B]
+
+
+def test_an_answer_stopped_before_the_servers_account_has_its_colours_marked_estimated(qtbot):
+    """Stop (or a server that fails mid-answer) ends the answer with no account: its colours stay
+    the live guesses, said so in the acceptance view; an answer the account labels is not."""
+    from app.ui.acceptance_view import AcceptanceView
+
+    answer = ServedAnswer(3)
+    for chunk in stream([1, 3, 2], 1, [2, 1], [3, 3])[:3]:
+        answer.add(chunk)
+    stopped = answer.stopped()
+    assert stopped.estimated and stopped.finish is FinishReason.CANCELLED
+    assert not answer_of(stream([1, 3, 2], 1, [2, 1, 0], [3, 3, 3]))[-1].estimated
+
+    view = AcceptanceView()
+    qtbot.addWidget(view)
+    view.show_colours_note("Colours come from the server's own speculation (k = 3), step by step.")
+    view.show_estimated(stopped.estimated)
+    assert "estimated" in view.colours.text() and view.colours.text().startswith("Colours come from")
+    view.show_estimated(False)  # the next answer's first step
+    assert "estimated" not in view.colours.text()
