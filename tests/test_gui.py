@@ -1180,6 +1180,36 @@ def test_the_windows_server_refuses_web_pages_and_takes_its_key_and_origins_from
     window.server.action.setChecked(False)
 
 
+def test_switching_the_windows_server_off_stops_its_requests_at_the_next_step(qtbot, make_window):
+    """Closing the window switches its server off first: an API answer running then stops within a
+    step (it does not run on to its 3,000 tokens after the window has gone)."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    window = make_window(server_port=port)
+    window.server.action.setChecked(True)
+    turns, engine = window.controller.turns, window.controller.engine
+    long = {"messages": [{"role": "user", "content": "t5 t9"}], "max_tokens": 3000, "stream": True}
+    ended = {}
+
+    def ask() -> None:
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=long, timeout=60) as response:
+            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+            ended["tokens"] = sum(len(chunk["choices"][0]["provenance"]) for chunk in chunks if chunk["choices"])
+
+    client = threading.Thread(target=ask)
+    client.start()
+    qtbot.waitUntil(lambda: engine._busy.locked(), timeout=10_000)
+    window.server.action.setChecked(False)
+    qtbot.waitUntil(lambda: "tokens" in ended and not engine._busy.locked() and not turns.busy, timeout=10_000)
+    client.join(10)
+    assert ended["tokens"] < 3000
+
+
 def test_regenerate_at_a_temperature_writes_another_answer_and_compare_reruns_its_seed(qtbot, make_window):
     """The seed is random unless fixed: each answer draws its own and keeps it, so Regenerate at
     0.8 writes another answer, and the seed saved with each is the one it was made with."""

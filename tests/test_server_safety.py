@@ -379,3 +379,17 @@ def test_the_key_sent_to_a_remote_server_has_a_name_of_its_own(engine, serve, tm
     monkeypatch.setenv("SPECCHAT_SERVER_KEY", "remote-secret")
     connected = pool.engine(pool.request(), chosen, lambda *_: None)
     assert connected.served_by and connected.vocabulary_size == 96
+
+
+def test_a_prompt_the_tokenizer_refuses_is_said_as_such_on_completions(engine, serve, monkeypatch):
+    """Only the chat endpoint has a chat template to blame."""
+    server = serve(engine)
+
+    def refuse(*args, **kwargs):
+        raise ValueError("no such characters here")
+
+    monkeypatch.setattr(type(engine.target.tokenizer), "__call__", refuse)
+    response = post(server, "/v1/completions", {"prompt": "t5 t9"})
+    error = error_of(response)
+    assert response.status_code == 400 and error["param"] == "prompt"
+    assert "could not be tokenized: no such characters here" in error["message"] and "template" not in error["message"]
