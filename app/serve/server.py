@@ -65,7 +65,6 @@ class ServerState:
 def create_app(state: ServerState) -> Guard:
     """The API behind its access checks (`state.access` is read at each request)."""
     app = FastAPI(title="SpecChat", docs_url=None, redoc_url=None)
-    app.state.turns = state.turns
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
