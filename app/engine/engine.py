@@ -20,7 +20,7 @@ from .loop import Limits, read_ahead_into, speculative_generate
 from .memory_check import check_caches_fit
 from .lowbit import kernel
 from .models.loading import LoadedModel, check_compatible, shared_vocab_width
-from .policy import CostAwareK, CostModel, FixedK
+from .policy import CostAwareK, CostModel, FixedK, TimeLedger
 from .kv.kept_prefixes import MIN_TOKENS, common_prefix
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
 from .kv.saved_prefixes import SavedPrefixes, model_fingerprint, stores_under, trim
@@ -96,11 +96,13 @@ class SpeculativeEngine:
             if options.adaptive and not self.costs.ready:
                 self.calibrate()
             self._check_memory(len(prompt_ids) + options.max_new_tokens)
-            generator = torch.Generator(device=self._target.device).manual_seed(options.seed if options.seed is not None else draw_seed())
+            seed = options.seed if options.seed is not None else draw_seed()
+            generator = torch.Generator(device=self._target.device).manual_seed(seed)
             policy = CostAwareK(self.costs, k=options.k) if options.adaptive else FixedK(options.k)
+            ledger = TimeLedger(self.costs) if options.adaptive else None  # the user's own k is theirs
             limits = Limits(options.max_new_tokens, self.target.context_length, self.target.stop_tokens)
             for step in speculative_generate(self._target, self._proposer(options, generator), policy, prompt_ids,
-                                             options.sampling, limits, generator, cancel):
+                                             options.sampling, limits, generator, cancel, ledger):
                 if step.finish in ANSWERED:  # not a stopped one: its length says nothing of the next
                     self.costs.observe_answer(step.stats.emitted)
                 yield step

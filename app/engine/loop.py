@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -14,7 +14,7 @@ import torch
 from .devices import synchronize
 from .models.decoder import Decoder
 from .errors import PromptTooLongError
-from .policy import DraftLengthPolicy, StepOutcome
+from .policy import DraftLengthPolicy, StepOutcome, TimeLedger
 from .kv.kept_prefixes import keep_prefix
 from .proposers import Draft, Proposer
 from .sampling import SamplingParams, logits_to_probs, penalize_repeats
@@ -44,7 +44,12 @@ def speculative_generate(
     limits: Limits,
     generator: torch.Generator | None = None,
     cancel: threading.Event | None = None,
+    ledger: TimeLedger | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> Iterator[Step]:
+    """ledger: speculation's account against plain decoding (adaptive k); a step drafts only as
+    much as it allows. clock: the seconds the steps are timed with (default: wall time, after the
+    device's work)."""
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty")
     room = limits.context_length - len(prompt_ids)
@@ -54,7 +59,7 @@ def speculative_generate(
             f"{limits.context_length:,}; shorten the conversation or start a new chat."
         )
     budget = min(limits.max_new_tokens, room)
-    clock = _Clock(target.device)
+    clock = _Clock(target.device, clock)
 
     tokens = list(prompt_ids)
     started = clock.now()
@@ -90,6 +95,8 @@ def speculative_generate(
         # draft starts at the second step, from the token the target chose.
         behind = proposer.behind()
         k = 0 if n_new == 0 else min(policy.next_k(budget - n_new, behind, n_new), room)
+        if ledger is not None:
+            k = ledger.allow(k, max(behind - prompt_unread_by_draft, 0))
         draft_start = clock.now()
         draft = proposer.propose(k, policy.keep_drafting, limit=room, use_copies=policy.use_copies)
         draft_tokens = draft.tokens.to(target.device)
@@ -118,6 +125,8 @@ def speculative_generate(
             read = min(prompt_unread_by_draft, draft.catch_up_tokens)
             prompt_share = draft.catch_up_seconds * read / draft.catch_up_tokens
             prompt_unread_by_draft -= read
+        if ledger is not None:
+            ledger.record(len(draft), len(emitted), draft_seconds - prompt_share + target_seconds)
         stats = stats.after_step(len(draft), n_accepted, len(emitted), draft_seconds - prompt_share, target_seconds,
                                  prefill_seconds=prompt_share, looked_up=draft.looked_up, seconds=target_end - started)
         yield Step(emitted, draft.tokens[n_accepted:].tolist(), stats, finish)
@@ -173,9 +182,9 @@ def _provenance(draft: Draft, n_accepted: int, next_token: int, target_probs: to
 class _Clock:
     """Wall time; on a GPU it waits for the device first, so time lands in the right phase."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, read: Callable[[], float] | None = None) -> None:
+        self.device, self.read = device, read or time.perf_counter
 
     def now(self) -> float:
         synchronize(self.device)
-        return time.perf_counter()
+        return self.read()

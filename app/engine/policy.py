@@ -37,6 +37,25 @@ class FixedK:
 
 
 @dataclass
+class RunningAcceptance:
+    """The chance that the target accepts a proposed token, with older steps fading out. The prior
+    counts as 3 accepted and 1 rejected: 0.75."""
+
+    accepted: float = 3.0
+    rejected: float = 1.0
+    fading: float = 0.85
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def observe(self, n_accepted: int, rejected: bool) -> None:
+        """A step's leading accepted tokens, and whether one was rejected after them."""
+        self.accepted = self.fading * self.accepted + n_accepted
+        self.rejected = self.fading * self.rejected + rejected
+
+
+@dataclass
 class CostModel:
     """Measured seconds of one draft token, of the draft's catch-up per token (feeding it the
     prompt or plain-step tokens in one pass) and of one target pass over n tokens, and the
@@ -54,6 +73,10 @@ class CostModel:
     max_rise: float = 1.25
     # The latest answers' lengths in tokens: what the next one's is expected to be like.
     answers: deque = field(default_factory=lambda: deque(maxlen=3))
+    # The chance that the target accepts a drafted token and a copied one, learnt across requests
+    # (each request starting from the prior paid some losing steps before it learnt again)
+    drafted: RunningAcceptance = field(default_factory=lambda: RunningAcceptance())
+    copied: RunningAcceptance = field(default_factory=lambda: RunningAcceptance())
 
     def observe_answer(self, n_tokens: int) -> None:
         self.answers.append(n_tokens)
@@ -69,9 +92,13 @@ class CostModel:
         self.verify[n_verified] = self._blend(self.verify.get(n_verified), target_seconds)
 
     def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
-        # Short catch-ups (a few plain-step tokens) cost more per token and matter little.
+        # Short catch-ups (a few plain-step tokens) cost more per token and matter little. A long
+        # one counts in full, rise or fall: reading a long prompt costs more per token than the
+        # 64 tokens calibration timed (attention grows with it), and capped, the estimate took
+        # several prompts to learn it while each paid a catch-up that did not pay.
         if n_tokens >= 32:
-            self.catch_up_token = self._blend(self.catch_up_token or None, seconds / n_tokens)
+            per_token = seconds / n_tokens
+            self.catch_up_token = per_token if n_tokens >= 256 else self._blend(self.catch_up_token or None, per_token)
 
     def verify_seconds(self, n: int) -> float:
         """Interpolated (or extrapolated) along the measured points."""
@@ -90,25 +117,6 @@ class CostModel:
 
     def _blend(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * min(new, self.max_rise * old)
-
-
-@dataclass
-class RunningAcceptance:
-    """The chance that the target accepts a proposed token, with older steps fading out. The prior
-    counts as 3 accepted and 1 rejected: 0.75."""
-
-    accepted: float = 3.0
-    rejected: float = 1.0
-    fading: float = 0.85
-
-    @property
-    def rate(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
-
-    def observe(self, n_accepted: int, rejected: bool) -> None:
-        """A step's leading accepted tokens, and whether one was rejected after them."""
-        self.accepted = self.fading * self.accepted + n_accepted
-        self.rejected = self.fading * self.rejected + rejected
 
 
 @dataclass
@@ -137,11 +145,12 @@ class CostAwareK:
     costs: CostModel
     k: int = 8  # the longest draft until the costs are known
     k_max: int = 16  # the longest draft
-    probe_every: int = 8
+    probe_every: int = 8  # plain steps before the first probe
+    max_probe_interval: int = 256
     probe: int = 2  # the longest probe
+    resume: float = 1.05  # drafting comes back when it is expected to beat plain steps by this much
+    restart: int = 4  # the longest draft of the first step back
     explore_every: int = 16
-    drafted: RunningAcceptance = field(default_factory=RunningAcceptance)  # the draft model's tokens
-    copied: RunningAcceptance = field(default_factory=RunningAcceptance)  # copies of earlier text
     plain_steps: int = 0
     drafting_steps: int = 0
     # Drafting must save twice its catch-up: near the break-even point the gain is small either
@@ -158,6 +167,9 @@ class CostAwareK:
     first_answer: int = 128
 
     def __post_init__(self) -> None:
+        self.drafted, self.copied = self.costs.drafted, self.costs.copied  # the engine's, across requests
+        self.probe_interval = self.probe_every  # doubled after each probe that did not pay, reset by one that did
+        self.drafting = True  # drafting pays (as far as is known): the steps draft up to k_max
         self.exploring = False  # this step drafts on past where the rule stops, once
         self.rate = 0.0  # expected tokens per second of drafting, at the best k for the running acceptance
         if self.costs.ready:
@@ -186,6 +198,7 @@ class CostAwareK:
         """Learns the costs and the draft's and the copies' acceptance from one step."""
         self.costs.observe(step.drafted, step.draft_seconds, step.verified or step.drafted + 1, step.target_seconds)
         self.costs.observe_catch_up(step.catch_up_tokens, step.catch_up_seconds)
+        probed = bool(step.drafted) and not self.drafting and self.k > 0  # the probe it offered
         if step.drafted:
             self.drafted.observe(step.accepted, rejected=step.accepted < step.drafted)
             self.plain_steps = 0
@@ -194,7 +207,7 @@ class CostAwareK:
         else:
             self.plain_steps += 1
         if self.costs.ready:
-            self._choose()
+            self._choose(probed)
         self.observe_copies(step.copies, step.copies_at, step.emitted)
 
     def use_copies(self, k: int, n_copies: int) -> bool:
@@ -246,13 +259,68 @@ class CostAwareK:
         tokens = (1 - a ** (k + 1)) / (1 - a)
         return tokens / (k * self.costs.draft_token + self.costs.verify_seconds(k + 1))
 
-    def _choose(self) -> None:
-        """The drafting rate and the longest draft for the steps to come."""
+    def _choose(self, probed: bool = False) -> None:
+        """The drafting rate and the longest draft for the steps to come. Drafting goes on while it
+        beats plain steps, and comes back only when it is expected to beat them by `resume`, at a
+        short draft first (one lucky probe near the break-even point no longer flips the policy to
+        its longest drafts); a probe that finds drafting still not paying doubles the wait for the
+        next one, one that does resets it."""
         self.rate = max(map(self.expected_rate, range(1, self.k_max + 1)))
-        if self.rate * self.costs.verify_seconds(1) > 1:
-            self.k = self.k_max
+        gain = self.rate * self.costs.verify_seconds(1)
+        if gain > (1 if self.drafting else self.resume):
+            self.k = self.k_max if self.drafting else self.restart
+            self.drafting, self.probe_interval = True, self.probe_every
+            return
+        self.drafting = False
+        if probed:
+            self.probe_interval = min(2 * self.probe_interval, self.max_probe_interval)
+        self.k = self.probe if self.plain_steps >= self.probe_interval else 0
+
+
+@dataclass
+class TimeLedger:
+    """Speculation never slower than plain decoding, by construction rather than by estimate.
+
+    `saved` is what a request's speculation has gained so far: each drafting step's tokens times a
+    plain step's cost, less the seconds the step took (a plain step is exactly what plain decoding
+    does, so it counts nothing). A step may draft n tokens only while, were all of them rejected,
+    `saved` would stay above -(epsilon x the time spent + one plain step); else it drafts fewer, or
+    it is a plain step.
+    So the decoding of any request, with a draft that is never right too, takes at most epsilon
+    more than plain decoding plus one plain step, up to the error in a plain step's cost, which is
+    measured on the request's own plain steps (at its context length) once it has taken some. The
+    draft's reading of the prompt is prefill, weighed before it by the policy (next_k)."""
+
+    costs: CostModel
+    epsilon: float = 0.01
+    saved: float = 0.0
+    elapsed: float = 0.0
+    plain_step: float | None = None  # seconds of this request's plain steps, smoothed
+
+    def step_cost(self) -> float:
+        return self.plain_step if self.plain_step is not None else self.costs.verify_seconds(1)
+
+    def allow(self, k: int, catch_up: int = 0) -> int:
+        """The longest draft, at most k, that the ledger allows now (0: a plain step); catch_up:
+        the decoded tokens the draft must read first. What a step may lose is priced by the cost
+        model, against a plain step as it prices one."""
+        if k == 0 or not self.costs.ready:
+            return k
+        plain = self.costs.verify_seconds(1)
+        budget = self.saved + self.epsilon * self.elapsed + plain
+        reading = catch_up * self.costs.catch_up_token
+        for n in range(k, 0, -1):
+            if reading + n * self.costs.draft_token + self.costs.verify_seconds(n + 1) - plain <= budget:
+                return n
+        return 0
+
+    def record(self, drafted: int, emitted: int, seconds: float) -> None:
+        """A step's proposed tokens (copies included), its emitted ones and its decoding seconds."""
+        self.elapsed += seconds
+        if drafted == 0:
+            self.plain_step = seconds if self.plain_step is None else 0.7 * self.plain_step + 0.3 * seconds
         else:
-            self.k = self.probe if self.plain_steps >= self.probe_every else 0
+            self.saved += emitted * self.step_cost() - seconds
 
 
 DraftLengthPolicy = FixedK | CostAwareK

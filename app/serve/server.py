@@ -101,13 +101,14 @@ def create_app(state: ServerState) -> Guard:
         text = body.get("prompt")
         if not isinstance(text, str):
             raise ApiError(400, "prompt: a text is required", param="prompt")
-        special = body.get("add_special_tokens", True)
-        tokens = await _tokenizing(lambda: engine.target.tokenizer(text, add_special_tokens=special is not False).input_ids)
+        special = body.get("add_special_tokens", True) is not False
+        tokens = await _tokenizing(lambda: engine.target.tokenizer(text, add_special_tokens=special).input_ids)
         return {"count": len(tokens), "max_model_len": engine.target.context_length, "tokens": tokens}
 
     # the bodies are read by hand (JSON only, size-limited) and checked by requests.Body: the
     # schema says so in /openapi.json, for clients and for the fuzz test
-    body_schema = {"requestBody": {"required": True, "content": {"application/json": {"schema": Body.model_json_schema()}}}}
+    body_schema = {"requestBody": {"required": True,
+                                   "content": {"application/json": {"schema": Body.model_json_schema()}}}}
 
     @app.post("/v1/chat/completions", openapi_extra=body_schema)
     async def chat_completions(request: Request):

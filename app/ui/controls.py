@@ -165,8 +165,8 @@ class ControlsPanel(QTabWidget):
         self.seed.setSpecialValueText("random")
         self.seed.setValue(RANDOM_SEED if DEFAULTS.seed is None else DEFAULTS.seed)
         self.seed.setToolTip("Random: each answer and each Regenerate samples with a fresh seed, saved with the answer\n"
-                             "(Compare reruns it with the same one). A number fixes it: the same settings then give\n"
-                             "the same answer. Greedy decoding (temperature 0) needs none.")
+                             "(Compare reruns it with the same one). A number fixes it: with a fixed k (or speculation off)\n"
+                             "the same settings then give the same answer. Greedy decoding (temperature 0) needs none.")
         # Two pairs a row: the tab widget is as tall as its tallest page, and six rows in one
         # column took the acceptance view's chart its axis labels at 1280x800.
         grid = QGridLayout(sampling)
