@@ -10,12 +10,12 @@ import httpx
 import pytest
 
 from app.chat.prompt import chat_prompt_ids
-from app.engine.api import Engine, GenerationOptions, SpeculativeEngine, Turns
+from app.engine.api import Engine, GenerationOptions, SpeculativeEngine
 from app.engine.remote.engine import RemoteEngine
 from app.serve.guard import Access
 from app.serve.server import ServerState
 from tests.running_server import RunningServer
-from tests.test_server import QUESTION, engine, plain_ids, serve, sse  # noqa: F401 (fixtures)
+from tests.test_server import QUESTION, engine, plain_ids, serve  # noqa: F401 (the fixtures engine and serve)
 from tests.tiny import tiny_model
 
 openai = pytest.importorskip("openai")
