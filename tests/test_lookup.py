@@ -6,7 +6,7 @@ from app.engine.models.decoder import cached
 from app.engine.engine import SpeculativeEngine
 from app.engine.loop import Limits, speculative_generate
 from app.engine.policy import CostAwareK, CostModel, FixedK, StepOutcome
-from app.engine.proposers import DraftModelProposer, NgramIndex, PromptLookupProposer, continuation
+from app.engine.proposers import DraftModelProposer, PromptLookupProposer, SuffixIndex, continuation
 from app.engine.sampling import SamplingParams
 from app.engine.steps import Source, Stats
 from tests.helpers import all_steps, generated_ids
@@ -22,21 +22,78 @@ def test_continuation_follows_the_latest_earlier_occurrence():
     assert continuation([5, 6, 7, 1, 2, 3, 7], 2, max_ngram=3, min_ngram=1) == [1, 2]
 
 
-def test_the_ngram_index_finds_what_continuation_finds():
+def longest_earlier_match(text: list[int], k: int, n: int = 3, longest: int = 64) -> tuple[list[int], int]:
+    """By brute force: the longest copy (at most k tokens, at most as many as matched) that follows
+    an earlier occurrence of text's end matching at least n tokens (then the longest match, then
+    the latest), and how many tokens matched there (at most `longest`)."""
+    best, best_start = (0, 0), -1
+    for start in range(len(text) - n):
+        matched = 0
+        while matched < longest and start + n - 1 - matched >= 0 and \
+                text[start + n - 1 - matched] == text[len(text) - 1 - matched]:
+            matched += 1
+        offered = (min(k, matched, len(text) - start - n), matched)
+        if matched >= n and offered >= best:
+            best, best_start = offered, start
+    return (text[best_start + n : best_start + n + best[0]], best[1]) if best_start >= 0 else ([], 0)
+
+
+def test_the_suffix_index_finds_the_longest_earlier_match():
     """The draft model's lookups go through an index of the committed text, extended as tokens
-    are committed: the same continuations as searching the whole text each time, with or without
+    are committed: the same matches as searching the whole text each time, with or without
     drafted tokens after it."""
     generator = torch.Generator().manual_seed(3)
     for _ in range(100):  # three token kinds: n-grams recur often, also across the tail's start
         ids = torch.randint(0, 3, (int(torch.randint(0, 60, (1,), generator=generator)),), generator=generator).tolist()
-        index = NgramIndex(3)
+        index = SuffixIndex(3, longest=12)
         index.reset(ids[:5])
         index.extend(ids[5:40])
         index.extend(ids[40:])
         for cut in range(0, 6):
             tail = torch.randint(0, 3, (cut,), generator=generator).tolist()
             for k in (1, 3, 8):
-                assert index.continuation(tail, k) == continuation(ids + tail, k, 3, 3)
+                assert index.match(tail, k) == longest_earlier_match(ids + tail, k, longest=12)
+
+
+def test_the_longest_match_wins_over_the_latest_one():
+    """In a long text a common phrase recurs: the copy follows where the most tokens matched."""
+    passage = [40, 41, 42, 43, 44, 5, 6, 7, 8, 9, 10, 11]
+    text = passage + [50, 5, 6, 7, 60, 61] + [42, 43, 44, 5, 6, 7]
+    index = SuffixIndex(3)
+    index.reset(text)
+    assert index.match([], 16) == ([8, 9, 10, 11, 50, 5], 6)  # as many as matched
+    assert index.match([1, 2, 3], 4) == ([], 0)
+
+
+def test_a_copy_is_as_long_as_its_match(tiny_target):
+    """A long repeated passage is copied in steps longer than 3 tokens: a 3-token match gives 3,
+    a longer one as many as matched, up to the lookup's limit."""
+    passage = list(range(40, 70))
+    proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=16)
+    proposer.begin(passage + [1, 2] + passage[:3])
+    assert proposer.propose(4, limit=20).tokens.tolist() == passage[3:6]
+    proposer.begin(passage + [1, 2] + passage[:10])
+    assert proposer.propose(4, limit=20).tokens.tolist() == passage[10:20]
+    proposer.begin(passage + [1, 2] + passage[:20])
+    assert proposer.propose(4, limit=20).tokens.tolist() == passage[20:30] + [1, 2] + passage[:4]
+
+
+def test_a_long_passage_is_copied_in_long_steps(tiny_target):
+    """The engine, adaptive or not, copies what the answer repeats in steps of more than 3
+    tokens (a random tiny model's greedy answer falls into a loop: a passage repeated), and the
+    answer is the plain one."""
+    engine = SpeculativeEngine(tiny_target, tiny_target)
+    for first in range(30, 60):  # a prompt whose answer ends in a loop of at most 4 tokens
+        plain = generated_ids(engine, [first, 31, 32], speculative=False, max_new_tokens=96)
+        if any(plain[-24:-period] == plain[-24 + period :] for period in range(1, 5)):
+            break
+    else:
+        pytest.fail("no answer of the tiny model loops")
+    for adaptive in (False, True):
+        steps = all_steps(engine, [first, 31, 32], k=4, adaptive=adaptive, lookup=16, max_new_tokens=96)
+        assert [t.id for s in steps for t in s.tokens] == plain
+        copied_per_step = [sum(t.copied for t in s.tokens) for s in steps]
+        assert max(copied_per_step) > 3, copied_per_step
 
 
 def test_a_repeated_ngram_is_proposed_without_running_the_model(tiny_target):
@@ -147,7 +204,7 @@ def test_a_copy_passed_over_leaves_the_drafting_to_the_model(tiny_target):
     asked = []
     def declining(k, n_copies):
         asked.append((k, n_copies))
-        return False
+        return 0
     proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3)
     proposer.begin(prompt)
     draft = proposer.propose(4, limit=6, use_copies=declining)
@@ -155,8 +212,10 @@ def test_a_copy_passed_over_leaves_the_drafting_to_the_model(tiny_target):
     assert (draft.copies, draft.copies_at) == ([23, 24, 25], 0) and asked[0] == (4, 3)
     plain_step = proposer.propose(0, limit=6, use_copies=declining)
     assert len(plain_step) == 0 and plain_step.copies == [23, 24, 25]
-    taken = proposer.propose(4, limit=6, use_copies=lambda *_: True)
+    taken = proposer.propose(4, limit=6, use_copies=lambda k, n: n)
     assert taken.tokens.tolist() == [23, 24, 25] and taken.copies == [23, 24, 25]
+    shortened = proposer.propose(0, limit=6, use_copies=lambda k, n: 2)
+    assert shortened.tokens.tolist() == [23, 24] and shortened.copies == [23, 24, 25]
 
 
 def test_a_copy_after_drafted_tokens_is_declined_mid_draft(tiny_target):
@@ -170,7 +229,7 @@ def test_a_copy_after_drafted_tokens_is_declined_mid_draft(tiny_target):
     asked = []
     def declining(k, n_copies):
         asked.append(n_copies)
-        return False
+        return 0
     proposer = DraftModelProposer(model, SamplingParams(), None, lookup_tokens=3)
     proposer.begin(prompt)
     draft = proposer.propose(4, limit=8, use_copies=declining)
@@ -184,17 +243,17 @@ def copy_policy() -> CostAwareK:
 
 def test_the_policy_learns_from_copies_whether_taken_or_passed_over():
     policy = copy_policy()
-    start = policy.copied.rate
+    start = policy.copied.of(3).rate
     policy.observe_copies([5, 6, 7], 0, [5, 6, 7, 8])  # all three accepted, then a bonus
-    assert policy.copied.rate > start
-    high = policy.copied.rate
+    assert policy.copied.of(3).rate > start
+    high = policy.copied.of(3).rate
     policy.observe_copies([5, 6, 7], 2, [1, 2, 5, 9])  # after two drafted tokens: one right, one wrong
-    assert policy.copied.rate < high
-    before = (policy.copied.accepted, policy.copied.rejected)
+    assert policy.copied.of(3).rate < high
+    before = (policy.copied.of(3).accepted, policy.copied.of(3).rejected)
     policy.observe_copies([5, 6, 7], 3, [1, 2, 3])  # the step ended before the copy's place
-    assert (policy.copied.accepted, policy.copied.rejected) == before
+    assert (policy.copied.of(3).accepted, policy.copied.of(3).rejected) == before
     policy.observe_copies([5, 6, 7], 0, [5, 6])  # its end unseen: two accepted, no rejection
-    assert policy.copied.rejected < before[1]
+    assert policy.copied.of(3).rejected < before[1]
 
 
 def test_the_policy_copies_where_copies_pay():
@@ -211,6 +270,17 @@ def test_the_policy_copies_where_copies_pay():
     for _ in range(20):  # copies it takes whole
         policy.observe_copies([5, 6, 7], 0, [5, 6, 7, 8])
     assert policy.use_copies(policy.k, 3) and policy.use_copies(0, 3)
+
+
+def test_long_copies_are_learnt_apart_from_short_ones():
+    """A long copy follows a long match: it may pay where short ones (common phrases) do not,
+    and a plain step then takes it as far as it pays."""
+    policy = copy_policy()
+    for _ in range(20):
+        policy.observe_copies([5, 6, 7], 0, [9, 6, 7])  # three-token copies: wrong at once
+        policy.observe_copies(list(range(12)), 0, list(range(12)) + [99])  # twelve-token ones: right
+    assert policy.use_copies(0, 3) == 0 and policy.use_copies(0, 12) == 12
+    assert policy.copied.of(3) is not policy.copied.of(12) and policy.copied.of(12) is policy.copied.of(9)
 
 
 def test_an_adaptive_engine_learns_copies_and_keeps_the_output(tiny_target):

@@ -62,6 +62,21 @@ class AlwaysWrong(_Committed):
         return Draft(torch.tensor(self.last_draft, dtype=torch.long), None)
 
 
+class WrongCopies(_Committed):
+    """Offers, where the policy drafts nothing, a 12-token copy of earlier text the target never
+    continues with (a copy costs no draft pass: only the longer target pass)."""
+
+    def __init__(self, never: int) -> None:
+        self.never = never
+
+    def propose(self, k, keep_drafting=None, limit=None, use_copies=None) -> Draft:
+        offered = min(12, limit if limit is not None else 12)
+        taken = offered if use_copies is None else use_copies(k, offered)
+        self.last_draft = [self.never] * taken
+        return Draft(torch.tensor(self.last_draft, dtype=torch.long), None, looked_up=taken,
+                     copies=[self.never] * offered)
+
+
 def run(proposer_for, policy, ledger) -> tuple[float, list[int], int]:
     time = VirtualTime()
     target = TimedTarget(cached(tiny_model(seed=1, context=512).model), time)
@@ -86,6 +101,27 @@ def test_a_draft_that_is_never_right_costs_at_most_epsilon_and_one_plain_step():
     model = costs()
     unguarded, _, _ = run(lambda time: AlwaysWrong(never, time), CostAwareK(model), None)
     assert unguarded > (1 + EPSILON) * plain_seconds + verify_seconds(1)
+
+
+class CopiesAlways(CostAwareK):
+    """A policy that takes every copy whole, however often copies were wrong."""
+
+    def use_copies(self, k: int, n_copies: int) -> int:
+        return n_copies
+
+
+def test_copies_that_are_never_right_cost_at_most_epsilon_and_one_plain_step():
+    """Whatever the policy makes of copies, the ledger lets them spend no more than drafts."""
+    plain_seconds, plain_ids, _ = run(lambda time: NoProposer(), FixedK(1), None)
+    never = next(token for token in range(96) if token not in plain_ids)
+    bound = (1 + EPSILON) * plain_seconds + verify_seconds(1)
+    for policy in (CostAwareK, CopiesAlways):
+        model = costs()
+        seconds, ids, proposed = run(lambda time: WrongCopies(never), policy(model), TimeLedger(model, EPSILON))
+        assert ids == plain_ids and proposed > 0
+        assert seconds <= bound
+    unguarded, _, _ = run(lambda time: WrongCopies(never), CopiesAlways(costs()), None)
+    assert unguarded > bound
 
 
 def test_the_ledger_lets_a_good_draft_run_at_length():

@@ -94,9 +94,9 @@ class GenerationOptions:
     sampling: SamplingParams = field(default_factory=SamplingParams)  # greedy
     seed: int | None = None  # None: a fresh one each answer (draw_seed), saved with it
     max_new_tokens: int = 512
-    # A draft model's draft takes up to this many tokens from earlier text where its last three
-    # tokens occurred before (0: never); speed only, see DraftModelProposer.
-    lookup: int = 3
+    # A draft model's draft takes up to this many tokens from earlier text where its last three or
+    # more tokens occurred before, as many as matched (0: never); speed only, see DraftModelProposer.
+    lookup: int = 16
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= 64:

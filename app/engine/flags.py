@@ -32,7 +32,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft model, or prompt lookup (n-gram, no model)")
     parser.add_argument("--lookup", type=int, default=DEFAULTS.lookup,
                         help="a draft model's draft takes up to this many tokens from earlier text where its last "
-                             "three tokens occurred before (0: never; output unchanged)")
+                             "three or more tokens occurred before, as many as matched (0: never; output unchanged)")
     parser.add_argument("--temperature", type=float, default=DEFAULTS.sampling.temperature,
                         help="0 = greedy (exactly the target's own output)")
     parser.add_argument("--top-k", type=int, default=DEFAULTS.sampling.top_k, help="0 = off")

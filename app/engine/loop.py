@@ -84,6 +84,11 @@ def speculative_generate(
     # not a cost of the tokens generated.
     prompt_unread_by_draft = len(tokens) - 1 - draft_cached
 
+    use_copies = policy.use_copies
+    if ledger is not None and use_copies is not None:  # a copy spends from the ledger's account too
+        def use_copies(k: int, n_copies: int) -> int:
+            return ledger.allow_copies(policy.use_copies(k, n_copies))
+
     n_new = 0
     while n_new < budget:
         if cancel is not None and cancel.is_set():
@@ -98,7 +103,7 @@ def speculative_generate(
         if ledger is not None:
             k = ledger.allow(k, max(behind - prompt_unread_by_draft, 0))
         draft_start = clock.now()
-        draft = proposer.propose(k, policy.keep_drafting, limit=room, use_copies=policy.use_copies)
+        draft = proposer.propose(k, policy.keep_drafting, limit=room, use_copies=use_copies)
         draft_tokens = draft.tokens.to(target.device)
         target_start = clock.now()
         step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])

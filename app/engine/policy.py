@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -56,6 +56,19 @@ class RunningAcceptance:
 
 
 @dataclass
+class CopyAcceptance:
+    """The chance that the target accepts a copied token, by the copy's length: a copy is as long
+    as the match it follows, and a long match is the passage itself where a short one is often a
+    common phrase."""
+
+    bounds: tuple[int, ...] = (1, 2, 3, 7)  # copies of 1, 2, 3, 4 to 7, 8 and more tokens
+    by_length: dict[int, RunningAcceptance] = field(default_factory=dict)
+
+    def of(self, n_copies: int) -> RunningAcceptance:
+        return self.by_length.setdefault(sum(n_copies > bound for bound in self.bounds), RunningAcceptance())
+
+
+@dataclass
 class CostModel:
     """Measured seconds of one draft token, of the draft's catch-up per token (feeding it the
     prompt or plain-step tokens in one pass) and of one target pass over n tokens, and the
@@ -76,7 +89,7 @@ class CostModel:
     # The chance that the target accepts a drafted token and a copied one, learnt across requests
     # (each request starting from the prior paid some losing steps before it learnt again)
     drafted: RunningAcceptance = field(default_factory=lambda: RunningAcceptance())
-    copied: RunningAcceptance = field(default_factory=lambda: RunningAcceptance())
+    copied: CopyAcceptance = field(default_factory=CopyAcceptance)
 
     def observe_answer(self, n_tokens: int) -> None:
         self.answers.append(n_tokens)
@@ -210,22 +223,23 @@ class CostAwareK:
             self._choose(probed)
         self.observe_copies(step.copies, step.copies_at, step.emitted)
 
-    def use_copies(self, k: int, n_copies: int) -> bool:
-        """Whether to propose the n_copies tokens that followed the text's last tokens earlier
-        (DraftModelProposer's lookup) in a step whose longest draft is k. A copy costs no model
-        pass, but it ends the draft model's drafting: in a drafting step it is taken when a copied
-        token is as likely to be accepted as a drafted one; in a plain step (k = 0) when the
-        tokens it is expected to bring per second of the target's pass beat a plain step's one.
-        Copying wherever it could cost speculative decoding about 5% on GSM8K and 3% on code on
-        an Intel Xeon; with this rule news summaries kept the copies' gain (1.84x plain, 1.20x
-        without copies)."""
+    def use_copies(self, k: int, n_copies: int) -> int:
+        """How many of the n_copies tokens that followed the text's end earlier (DraftModelProposer's
+        lookup) to propose in a step whose longest draft is k (0: none). A copy costs no model pass
+        but a longer target pass, and it ends the draft model's drafting: it is taken as far as the
+        tokens it is expected to bring (at the acceptance of copies this long) per second of the
+        target's pass are most, when that beats the step it replaces: drafting's rate in a drafting
+        step, a plain step's by the margin `resume` in a plain one (k = 0). Copying wherever it
+        could cost speculative decoding about 5% on GSM8K and 3% on code on an Intel Xeon."""
         if not self.costs.ready:
-            return True
-        copied = min(self.copied.rate, 0.999)
-        if k:
-            return copied >= self.acceptance
-        tokens = (1 - copied ** (n_copies + 1)) / (1 - copied)
-        return tokens / self.costs.verify_seconds(n_copies + 1) >= 1 / self.costs.verify_seconds(1)
+            return n_copies
+        copied = min(self.copied.of(n_copies).rate, 0.999)
+        best, best_rate = 0, max(self.rate if k else 0.0, self.resume / self.costs.verify_seconds(1))
+        for n in range(1, n_copies + 1):
+            rate = (1 - copied ** (n + 1)) / (1 - copied) / self.costs.verify_seconds(n + 1)
+            if rate >= best_rate:
+                best, best_rate = n, rate
+        return best
 
     def observe_copies(self, copies: Sequence[int], at: int, emitted: Sequence[int]) -> None:
         """copies: the step's copy of earlier text, proposed or passed over, for the step's tokens
@@ -236,7 +250,7 @@ class CostAwareK:
         if not compared:
             return
         matched = next((i for i, (copy, token) in enumerate(compared) if copy != token), len(compared))
-        self.copied.observe(matched, rejected=matched < len(compared))
+        self.copied.of(len(copies)).observe(matched, rejected=matched < len(compared))
 
     def next_k(self, remaining: int, catch_up: int, generated: int = 0) -> int:
         """The longest draft of the next step (0: a plain step), with `remaining` tokens left in
@@ -306,13 +320,22 @@ class TimeLedger:
         model, against a plain step as it prices one."""
         if k == 0 or not self.costs.ready:
             return k
+        reading = catch_up * self.costs.catch_up_token
+        return self._longest(k, lambda n: reading + n * self.costs.draft_token + self.costs.verify_seconds(n + 1))
+
+    def allow_copies(self, n_copies: int) -> int:
+        """The longest copy, at most n_copies tokens, that the ledger allows now: a copy costs the
+        longer pass alone."""
+        if n_copies == 0 or not self.costs.ready:
+            return n_copies
+        return self._longest(n_copies, lambda n: self.costs.verify_seconds(n + 1))
+
+    def _longest(self, n_max: int, seconds: Callable[[int], float]) -> int:
+        """The largest n <= n_max whose step, all of its proposals rejected, keeps the account in
+        credit: seconds(n) less the plain step it replaces within the budget (0: none does)."""
         plain = self.costs.verify_seconds(1)
         budget = self.saved + self.epsilon * self.elapsed + plain
-        reading = catch_up * self.costs.catch_up_token
-        for n in range(k, 0, -1):
-            if reading + n * self.costs.draft_token + self.costs.verify_seconds(n + 1) - plain <= budget:
-                return n
-        return 0
+        return next((n for n in range(n_max, 0, -1) if seconds(n) - plain <= budget), 0)
 
     def record(self, drafted: int, emitted: int, seconds: float) -> None:
         """A step's proposed tokens (copies included), its emitted ones and its decoding seconds."""

@@ -43,9 +43,9 @@ class Draft:
 # Called after each drafted token with the draft's probability of each token drafted so far in
 # this step: whether to draft one more (see the policies' keep_drafting).
 KeepDrafting = Callable[[list[float]], bool]
-# Called where earlier text offers a copy, with (the policy's k, tokens the copy offers): whether
-# to propose the copy (see the policies' use_copies).
-UseCopies = Callable[[int, int], bool]
+# Called where earlier text offers a copy, with (the policy's k, tokens the copy offers): how many
+# of them to propose, 0 for none (see the policies' use_copies).
+UseCopies = Callable[[int, int], int]
 
 
 class Proposer(Protocol):
@@ -70,42 +70,68 @@ def continuation(ids: list[int], k: int, max_ngram: int, min_ngram: int) -> list
     return []
 
 
-class NgramIndex:
-    """Where each n-gram of a growing text last began with a token after it, so that the latest
-    earlier occurrence of the text's last n tokens is a dictionary lookup: `continuation`
-    searched the whole text, about 0.1 ms a call at a few hundred tokens, once per drafted token."""
+class SuffixIndex:
+    """Every place each n-gram of a growing text began with a token after it, so that the longest
+    earlier match of the text's end is found by extending the latest occurrences of its last n
+    tokens backwards (suffix decoding's longest match, without its tree). In a long document
+    common n-grams recur, and their latest occurrence is often the wrong one to copy from."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self, n: int, longest: int = 64, candidates: int = 64) -> None:
+        """longest: the longest match measured; candidates: the latest occurrences compared."""
+        self.n, self.longest, self.candidates = n, longest, candidates
         self.reset([])
 
     def reset(self, ids: list[int]) -> None:
         self.ids: list[int] = []
-        self.latest: dict[tuple[int, ...], int] = {}
+        self.starts: dict[tuple[int, ...], list[int]] = {}
         self.extend(ids)
 
     def extend(self, ids: list[int]) -> None:
         grown = len(self.ids)
         self.ids += ids
         for start in range(max(0, grown - self.n), len(self.ids) - self.n):
-            self.latest[tuple(self.ids[start : start + self.n])] = start
+            self.starts.setdefault(tuple(self.ids[start : start + self.n]), []).append(start)
 
-    def continuation(self, tail: list[int], k: int) -> list[int]:
-        """continuation(ids + tail, k, n, n) for the indexed ids: up to k tokens that followed the
-        latest earlier occurrence of the last n tokens of ids + tail."""
+    def match(self, tail: list[int], k: int) -> tuple[list[int], int]:
+        """For the indexed ids + tail: the copy from the earlier occurrence of its end that offers
+        the longest one, and how many tokens matched there (at least n; ([], 0) where its last n
+        tokens did not occur before). A copy is what followed the occurrence, at most k tokens and
+        at most as many as matched (suffix decoding's rule: a 3-token match is as often a common
+        phrase as the passage itself, a 12-token one is the passage); among equally long copies
+        the longest match wins, then the latest. In a long document common n-grams recur, and
+        their latest occurrence is often the wrong one; in a loop the latest has no copy left."""
         text = self.ids + tail if tail else self.ids
-        if k <= 0 or len(text) <= self.n:
-            return []
-        last = tuple(text[-self.n :])
+        end = len(text)
+        if k <= 0 or end <= self.n:
+            return [], 0
+        last = text[-self.n :]
         # Occurrences that end in the tail or just before it are not indexed: looked for here.
-        for start in range(len(text) - self.n - 1, max(len(self.ids) - self.n, 0) - 1, -1):
-            if tuple(text[start : start + self.n]) == last:
-                break
-        else:
-            start = self.latest.get(last)
-            if start is None:
-                return []
-        return text[start + self.n : start + self.n + k]
+        recent = [start for start in range(end - self.n - 1, max(len(self.ids) - self.n, 0) - 1, -1)
+                  if text[start : start + self.n] == last]
+        indexed = self.starts.get(tuple(last), [])
+        best, best_start = (0, 0), -1  # (copy length, tokens matched), where
+        for start in recent + indexed[: -self.candidates - 1 : -1]:
+            matched = self.n
+            while (matched < self.longest and start - matched + self.n > 0
+                   and text[start - matched + self.n - 1] == text[end - matched - 1]):
+                matched += 1
+            offered = (min(k, matched, end - start - self.n), matched)
+            if offered > best:
+                best, best_start = offered, start
+        if best_start < 0:
+            return [], 0
+        copy_length, matched = best
+        return text[best_start + self.n : best_start + self.n + copy_length], matched
+
+
+def _taken(copies: list[int], matched: int, k: int, use_copies: UseCopies | None) -> int:
+    """How many of a copy's tokens to propose in a step whose longest draft is k: as the policy
+    says, else the whole copy of a match of at least LOOKUP_NGRAM tokens."""
+    if not copies:
+        return 0
+    if use_copies is None:
+        return len(copies) if matched >= LOOKUP_NGRAM else 0
+    return max(0, min(int(use_copies(k, len(copies))), len(copies)))
 
 
 class _Committed:
@@ -124,7 +150,10 @@ class _Committed:
 
 
 SHORT_CATCH_UP = 8  # committed tokens the draft model takes in with its first draft step
-LOOKUP_NGRAM = 3  # tokens that must repeat before what followed them is proposed
+# Tokens that must repeat before what followed them is proposed without a policy to weigh it;
+# a policy is offered copies after a single repeated token too (a 1-token copy lengthens a pass
+# by a few percent, and pays where it is right one time in ten).
+LOOKUP_NGRAM = 3
 
 
 class DraftModelProposer(_Committed):
@@ -134,9 +163,10 @@ class DraftModelProposer(_Committed):
                  vocabulary: DraftVocabulary | None = None, lookup_tokens: int = 0,
                  stop_tokens: frozenset[int] = frozenset()) -> None:
         """vocabulary: the tokens it may draft (None: all); see draft_vocabulary.py.
-        lookup_tokens: where the text's last LOOKUP_NGRAM tokens (committed or drafted) occurred
-        before, up to this many tokens that followed them are proposed instead of drafted: free,
-        with no model pass (summaries and answers quote their sources). 0: never.
+        lookup_tokens: where the text's last LOOKUP_NGRAM or more tokens (committed or drafted)
+        occurred before, up to this many tokens that followed the longest such match are proposed
+        instead of drafted: free, with no model pass (summaries, code edits and answers quote their
+        sources). 0: never.
         stop_tokens: the tokens that end an answer: a draft ends with the first it drafts."""
         self.model = model
         self.stop_tokens = stop_tokens
@@ -144,11 +174,11 @@ class DraftModelProposer(_Committed):
         self.generator = generator
         self.vocabulary = vocabulary
         self.lookup_tokens = lookup_tokens
-        self.ngrams = NgramIndex(LOOKUP_NGRAM)  # of the committed tokens
+        self.earlier = SuffixIndex(1)  # of the committed tokens
 
     def begin(self, prompt_ids: list[int]) -> int:
         super().begin(prompt_ids)
-        self.ngrams.reset(prompt_ids)
+        self.earlier.reset(prompt_ids)
         if self.vocabulary is not None:
             self.vocabulary.reset(prompt_ids)
         # Keep what the cache holds of the prompt but its last token, which the first draft step feeds.
@@ -158,12 +188,13 @@ class DraftModelProposer(_Committed):
                 use_copies: UseCopies | None = None) -> Draft:
         """k: tokens the draft model may draft at most (0: none); keep_drafting: after each drafted
         token, whether to go on (None: always); limit: tokens in all (default k); use_copies:
-        whether to propose a copy of earlier text where there is one (None: always)."""
+        how much of a copy of earlier text to propose where there is one (None: all)."""
         limit = k if limit is None else limit
-        copies = self._looked_up([], limit)
-        if copies and (use_copies is None or use_copies(k, len(copies))):
+        copies, matched = self._looked_up([], limit)
+        taken = _taken(copies, matched, k, use_copies)
+        if taken:
             # the model need not run, nor first be fed what it has not seen
-            return self._draft(torch.tensor(copies), None, looked_up=len(copies), copies=copies)
+            return self._draft(torch.tensor(copies[:taken]), None, looked_up=taken, copies=copies)
         if k == 0:
             return self._draft(torch.empty(0, dtype=torch.long), None, copies=copies)
         # Feed what was committed since the cache last grew: usually the target's last token, after
@@ -198,9 +229,8 @@ class DraftModelProposer(_Committed):
             if drafted[-1] in self.stop_tokens:
                 break  # nothing after the answer's end is ever emitted
             if self.lookup_tokens:
-                looked_up = self._looked_up(drafted, limit - len(drafted))
-                if looked_up and use_copies is not None and not use_copies(k, len(looked_up)):
-                    looked_up = []  # the model drafts on
+                looked_up, matched = self._looked_up(drafted, limit - len(drafted))
+                looked_up = looked_up[: _taken(looked_up, matched, k, use_copies)]  # none taken: the model drafts on
             if looked_up or i == k - 1:
                 break  # earlier text continues from here: the rest is looked up, not drafted
             logits = self._logits([drafted[-1]])
@@ -218,15 +248,15 @@ class DraftModelProposer(_Committed):
         copies, copies_at = (looked_up, len(drafted)) if looked_up else (copies, 0)
         return self._draft(tokens, probs, len(looked_up), catch_up_seconds, catch_up_tokens, copies, copies_at)
 
-    def _looked_up(self, drafted: list[int], limit: int) -> list[int]:
-        """Tokens that followed the last LOOKUP_NGRAM of the committed and drafted tokens earlier
-        in the text (see __init__)."""
+    def _looked_up(self, drafted: list[int], limit: int) -> tuple[list[int], int]:
+        """Tokens that followed an earlier match of the committed and drafted tokens' end, and how
+        many tokens matched (see SuffixIndex.match)."""
         if not self.lookup_tokens or limit <= 0:
-            return []
-        looked_up = self.ngrams.continuation(drafted, min(self.lookup_tokens, limit))
+            return [], 0
+        looked_up, matched = self.earlier.match(drafted, min(self.lookup_tokens, limit))
         # Like a drafted one, a looked-up stop token ends the draft: nothing after it is emitted.
         stop = first_stop(looked_up, self.stop_tokens)
-        return looked_up if stop is None else looked_up[: stop + 1]
+        return (looked_up if stop is None else looked_up[: stop + 1]), matched
 
     def _draft(self, tokens: torch.Tensor, probs: torch.Tensor | None, looked_up: int = 0,
                catch_up_seconds: float = 0.0, catch_up_tokens: int = 0, copies: list[int] | None = None,
@@ -253,7 +283,7 @@ class DraftModelProposer(_Committed):
         # The cache holds the old ids plus all drafts but the last; keep the accepted part.
         self.model.rollback(min(self.model.length, len(self.ids) + n_accepted))
         super().commit(n_accepted, next_token)
-        self.ngrams.extend(self.ids[len(self.ngrams.ids) :])
+        self.earlier.extend(self.ids[len(self.earlier.ids) :])
         if self.vocabulary is not None:
             self.vocabulary.answered(self.ids[-(n_accepted + 1) :])
 

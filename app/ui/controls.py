@@ -116,10 +116,10 @@ class ControlsPanel(QTabWidget):
         self.proposer.addItem("Prompt lookup (n-gram)", ProposerKind.PROMPT_LOOKUP)
         self.lookup = QCheckBox("Copy repeated text")
         self.lookup.setChecked(DEFAULTS.lookup > 0)
-        self.lookup.setToolTip(f"Where the last three tokens appeared earlier in the conversation, the draft proposes\n"
-                               f"the {DEFAULTS.lookup} that followed them there instead of drafting them (summaries and\n"
-                               f"answers quote their sources); with adaptive k only while such copies pay. The answer\n"
-                               f"is the same either way")
+        self.lookup.setToolTip(f"Where the text's last tokens appeared earlier in the conversation, the draft proposes\n"
+                               f"up to {DEFAULTS.lookup} tokens that followed the longest such match, as many as matched,\n"
+                               f"instead of drafting them (summaries, code edits and answers quote their sources);\n"
+                               f"with adaptive k only while such copies pay. The answer is the same either way")
         form.addRow(self.speculative)
         form.addRow("Draft length k", self.k)
         form.addRow(self.adaptive)
