@@ -7,17 +7,19 @@ from app.engine.calibration import calibrate_remembered
 from app.engine.engine import SpeculativeEngine
 from app.engine.lowbit import kernel
 from app.engine.models.loading import LoadedModel
+from tests.tiny import tiny_model
 
 
-def test_a_second_start_uses_the_remembered_costs(tiny_target, tiny_draft, tmp_path, monkeypatch):
+def test_a_second_start_uses_the_remembered_costs(tiny_draft, tmp_path, monkeypatch):
     path = tmp_path / "costs.json"
+    tiny_target = tiny_model(seed=1, context=1024)  # long enough for passes timed after 512 tokens too
     first = SpeculativeEngine(tiny_target, tiny_draft)
-    assert calibrate_remembered(first, path) is False and first.costs.ready
+    assert calibrate_remembered(first, path) is False and first.costs.ready and first.costs.verify_at
     monkeypatch.setattr(decoder, "pass_seconds", _no_timing)
     monkeypatch.setattr("app.engine.engine.pass_seconds", _no_timing)
     second = SpeculativeEngine(tiny_target, tiny_draft)
     assert calibrate_remembered(second, path) is True
-    assert second.costs.verify == first.costs.verify
+    assert second.costs.verify == first.costs.verify and second.costs.verify_at == first.costs.verify_at
     assert (second.costs.draft_token, second.costs.catch_up_token) == (first.costs.draft_token, first.costs.catch_up_token)
 
 

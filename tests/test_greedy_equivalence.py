@@ -153,6 +153,22 @@ def test_cost_model_interpolates_between_measured_passes():
     assert model.verify_seconds(17) == pytest.approx(0.130)  # extrapolated along the last segment
 
 
+def test_cost_model_prices_passes_by_context_length():
+    """Passes measured at a long context scale the short-context curve near their size there; a
+    context with none measured (or shorter) keeps the short curve, a longer one the longest below."""
+    model = costs({1: 50, 9: 90, 17: 130}, draft_ms=5)
+    model.observe(0, 0.0, 1, 0.055, context=600)  # bucket 512..1023: a plain pass 1.1x
+    model.observe(0, 0.0, 9, 0.117, context=700)  # a pass over 9 tokens 1.3x
+    assert model.context == 700 and set(model.verify_at) == {1}
+    assert model.verify_seconds(1) == pytest.approx(0.055)
+    assert model.verify_seconds(9) == pytest.approx(0.117) and model.verify_seconds(17) == pytest.approx(0.130 * 1.3)
+    assert model.verify_seconds(3) == pytest.approx(0.060 * 1.1)  # nearer 1 than 9: scaled as 1 was
+    model.context = 3000
+    assert model.verify_seconds(9) == pytest.approx(0.117)
+    model.context = 100
+    assert model.verify_seconds(9) == pytest.approx(0.090) and model.verify == {1: 0.050, 9: 0.090, 17: 0.130}
+
+
 def cheap_drafting(engine: SpeculativeEngine) -> SpeculativeEngine:
     """Frozen costs of a memory-bound target and a cheap draft (tiny models time differently)."""
     engine.costs = CostModel(draft_token=0.001, verify={n: 0.05 + 0.001 * n for n in range(1, 18)}, smoothing=0.0)

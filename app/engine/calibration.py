@@ -34,7 +34,8 @@ def calibrate_remembered(engine: SpeculativeEngine, path: Path | None = None) ->
     if entry:
         try:
             engine.costs = CostModel(draft_token=float(entry["draft_token"]), catch_up_token=float(entry["catch_up_token"]),
-                                     verify={int(n): float(s) for n, s in entry["verify"].items()})
+                                     verify=_seconds(entry["verify"]),
+                                     verify_at={int(b): _seconds(table) for b, table in entry.get("verify_at", {}).items()})
             if engine.costs.ready:
                 return True
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -42,9 +43,14 @@ def calibrate_remembered(engine: SpeculativeEngine, path: Path | None = None) ->
     engine.calibrate()
     costs = engine.costs
     remembered[key] = {"draft_token": costs.draft_token, "catch_up_token": costs.catch_up_token,
-                       "verify": {str(n): s for n, s in costs.verify.items()}}
+                       "verify": {str(n): s for n, s in costs.verify.items()},
+                       "verify_at": {str(b): {str(n): s for n, s in table.items()} for b, table in costs.verify_at.items()}}
     _write(path, remembered)
     return False
+
+
+def _seconds(table: dict) -> dict[int, float]:
+    return {int(n): float(s) for n, s in table.items()}
 
 
 def _key(engine: SpeculativeEngine) -> str:

@@ -20,7 +20,7 @@ from .loop import Limits, read_ahead_into, speculative_generate
 from .memory_check import check_caches_fit
 from .lowbit import kernel
 from .models.loading import LoadedModel, check_compatible, shared_vocab_width
-from .policy import CostAwareK, CostModel, FixedK, TimeLedger
+from .policy import CostAwareK, CostModel, FixedK, TimeLedger, context_bucket
 from .kv.kept_prefixes import MIN_TOKENS, common_prefix
 from .proposers import DraftModelProposer, NoProposer, PromptLookupProposer, Proposer
 from .kv.saved_prefixes import SavedPrefixes, model_fingerprint, stores_under, trim
@@ -35,6 +35,9 @@ GPU_ROUNDING = ("on a GPU a pass over several tokens rounds otherwise than a pas
                 "between two tokens can go either way (each is still the target's choice; sampled, the "
                 "distribution is exactly the target's)")
 
+
+# The context (tokens) passes are also timed at: the policy prices passes by context length.
+LONG_CALIBRATION = 512
 
 class SpeculativeEngine:
     served_by: str | None = None  # the models run here (a RemoteEngine names its server)
@@ -98,6 +101,7 @@ class SpeculativeEngine:
             self._check_memory(len(prompt_ids) + options.max_new_tokens)
             seed = options.seed if options.seed is not None else draw_seed()
             generator = torch.Generator(device=self._target.device).manual_seed(seed)
+            self.costs.context = len(prompt_ids)  # the first step's passes run at the prompt's length
             policy = CostAwareK(self.costs, k=options.k) if options.adaptive else FixedK(options.k)
             ledger = TimeLedger(self.costs) if options.adaptive else None  # the user's own k is theirs
             limits = Limits(options.max_new_tokens, self.target.context_length, self.target.stop_tokens)
@@ -218,14 +222,18 @@ class SpeculativeEngine:
                 if model is not None]
 
     def calibrate(self) -> None:
-        """Time target passes over 1..17 tokens, a draft token and the draft's catch-up on 64
-        tokens once (about a second for the default pair), so the cost-aware policy chooses well
+        """Time target passes over 1..17 tokens (and a few after 512 tokens of context), a draft
+        token and the draft's catch-up on 64 tokens once (about four seconds for the default pair,
+        remembered: see calibration.py), so the cost-aware policy chooses well
         from the first step; later steps refine the figures. Runs on first use when nobody called
         it after loading. Every pass up to 8 tokens is timed: the AVX-512 kernel takes up to 7 rows
         in one block and 8 as two (4 + 4), so a straight line between points further apart misjudges
         the passes in between by 10-20% (at 4 rows a block, a line from 2 to 5 rows had kept the
         policy at k = 1)."""
         self.costs.verify.update(pass_seconds(self._target, (1, 2, 3, 4, 5, 6, 7, 8, 9, 17)))
+        if self.target.context_length >= LONG_CALIBRATION + 17:  # and at a longer context (about 3 s more)
+            self.costs.verify_at[context_bucket(LONG_CALIBRATION)] = pass_seconds(
+                self._target, (1, 5, 9, 17), context=LONG_CALIBRATION)
         if self._draft is None:  # only prompt lookup drafts, at next to no cost
             self.costs.draft_token = 1e-5
             return

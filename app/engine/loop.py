@@ -120,7 +120,7 @@ def speculative_generate(
         # The policy prices the proposer's own tokens: those looked up on top cost it nothing.
         policy.observe(StepOutcome(draft.own, min(n_accepted, draft.own), draft_seconds - draft.catch_up_seconds,
                                    target_seconds, len(draft) + 1, draft.catch_up_tokens, draft.catch_up_seconds,
-                                   draft.copies, draft.copies_at, emitted_ids))
+                                   draft.copies, draft.copies_at, emitted_ids, len(tokens)))
         tokens += emitted_ids
         n_new += len(emitted)
         if finish is None and n_new >= budget:

@@ -21,6 +21,7 @@ class StepOutcome:
     copies: Sequence[int] = ()  # the step's copy of earlier text, proposed or passed over
     copies_at: int = 0  # the position among the step's tokens the copy was for
     emitted: Sequence[int] = ()  # the tokens the step emitted
+    context: int = 0  # tokens in the target's cache before the step (0: unknown)
 
 
 @dataclass
@@ -55,6 +56,23 @@ class RunningAcceptance:
         self.rejected = self.fading * self.rejected + rejected
 
 
+def context_bucket(context: int) -> int:
+    """0 below 512 tokens, then one bucket per doubling: 512, 1,024, 2,048, 4,096, 8,192 and up."""
+    return min(max(context // 256, 1).bit_length() - 1, 5)
+
+
+def _along(points: dict[int, float], n: int) -> float:
+    """seconds at n, interpolated (or extrapolated) along the measured {size: seconds}."""
+    if n in points:
+        return points[n]
+    sizes = sorted(points)
+    below = [p for p in sizes if p < n][-1:] or sizes[:1]
+    above = [p for p in sizes if p > n][:1] or sizes[-2:-1] or below
+    (x0, x1) = (below[0], above[0]) if below[0] != above[0] else (below[0], below[0] + 1)
+    y0, y1 = points[x0], points.get(x1, points[x0])
+    return max(y0 + (y1 - y0) * (n - x0) / (x1 - x0), min(points.values()))
+
+
 @dataclass
 class CopyAcceptance:
     """The chance that the target accepts a copied token, by the copy's length: a copy is as long
@@ -76,7 +94,12 @@ class CostModel:
     across requests."""
 
     draft_token: float | None = None
-    verify: dict[int, float] = field(default_factory=dict)  # tokens in the pass -> seconds
+    verify: dict[int, float] = field(default_factory=dict)  # tokens in the pass -> seconds, at a short context
+    # The same at longer contexts, by context bucket (context_bucket): attention over 2,000 tokens
+    # made a pass over 9 tokens 1.35x and one over 17 1.5x what it costs at 32 here, a pass over
+    # one 1.1x. A bucket's few measured sizes scale the short-context curve near them.
+    verify_at: dict[int, dict[int, float]] = field(default_factory=dict)
+    context: int = 0  # the context length the passes to come run at
     catch_up_token: float = 0.0
     smoothing: float = 0.3
     # One slow pass (another program, the machine's noise) may raise an estimate by at most this
@@ -99,10 +122,15 @@ class CostModel:
         """The latest answers' mean length; None before the first."""
         return sum(self.answers) / len(self.answers) if self.answers else None
 
-    def observe(self, n_drafted: int, draft_seconds: float, n_verified: int, target_seconds: float) -> None:
+    def observe(self, n_drafted: int, draft_seconds: float, n_verified: int, target_seconds: float,
+                context: int | None = None) -> None:
+        """A step's drafted tokens and target pass, at `context` tokens (None: the current one)."""
+        if context is not None:
+            self.context = context
         if n_drafted:
             self.draft_token = self._blend(self.draft_token, draft_seconds / n_drafted)
-        self.verify[n_verified] = self._blend(self.verify.get(n_verified), target_seconds)
+        table = self._table(context_bucket(self.context))
+        table[n_verified] = self._blend(table.get(n_verified), target_seconds)
 
     def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
         # Short catch-ups (a few plain-step tokens) cost more per token and matter little. A long
@@ -114,15 +142,19 @@ class CostModel:
             self.catch_up_token = per_token if n_tokens >= 256 else self._blend(self.catch_up_token or None, per_token)
 
     def verify_seconds(self, n: int) -> float:
-        """Interpolated (or extrapolated) along the measured points."""
-        if n in self.verify:
-            return self.verify[n]
-        points = sorted(self.verify)
-        below = [p for p in points if p < n][-1:] or points[:1]
-        above = [p for p in points if p > n][:1] or points[-2:-1] or below
-        (x0, x1) = (below[0], above[0]) if below[0] != above[0] else (below[0], below[0] + 1)
-        y0, y1 = self.verify[x0], self.verify.get(x1, self.verify[x0])
-        return max(y0 + (y1 - y0) * (n - x0) / (x1 - x0), min(self.verify.values()))
+        """A target pass over n tokens at the current context: the short-context curve,
+        interpolated (or extrapolated) along its points, scaled as the nearest size measured in
+        the context's bucket (or the nearest shorter bucket measured) was."""
+        short = _along(self.verify, n)
+        measured = [bucket for bucket in self.verify_at if bucket <= context_bucket(self.context)]
+        if not measured:
+            return short
+        table = self.verify_at[max(measured)]
+        nearest = min(table, key=lambda size: (abs(size - n), size))
+        return short * table[nearest] / _along(self.verify, nearest)
+
+    def _table(self, bucket: int) -> dict[int, float]:
+        return self.verify if bucket == 0 else self.verify_at.setdefault(bucket, {})
 
     @property
     def ready(self) -> bool:
@@ -209,7 +241,8 @@ class CostAwareK:
 
     def observe(self, step: StepOutcome) -> None:
         """Learns the costs and the draft's and the copies' acceptance from one step."""
-        self.costs.observe(step.drafted, step.draft_seconds, step.verified or step.drafted + 1, step.target_seconds)
+        self.costs.observe(step.drafted, step.draft_seconds, step.verified or step.drafted + 1, step.target_seconds,
+                           step.context or None)
         self.costs.observe_catch_up(step.catch_up_tokens, step.catch_up_seconds)
         probed = bool(step.drafted) and not self.drafting and self.k > 0  # the probe it offered
         if step.drafted:
