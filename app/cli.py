@@ -1,6 +1,6 @@
 """Command line: `python -m app` opens the window; `python -m app chat` chats in the terminal;
-`python -m app serve` serves an OpenAI-compatible API; `python -m app export-hf` writes a model for
-vLLM; `python -m app bench speed ...` benchmarks."""
+`python -m app serve` serves an OpenAI-compatible API; `python -m app models ...` finds and fetches
+models; `python -m app export-hf` writes a model for vLLM; `python -m app bench speed ...` benchmarks."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,7 @@ from pathlib import Path
 from .bench.arguments import seed_arguments, serve_arguments, speed_arguments, ui_arguments
 from .engine.api import CHAT_DEFAULTS, DEFAULTS
 from .engine.flags import add_engine_arguments, add_server_arguments, chat_options, generation_options
+from .models_command import add_models_arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "for a serving engine such as vLLM")
     export.add_argument("model", help="a .gguf file, a model folder, or default-target / default-draft")
     export.add_argument("folder", type=Path, help="the folder to write (must not exist yet)")
+    add_models_arguments(commands.add_parser("models", help="find, fetch, list and remove models (the Hugging Face hub)"))
     bench = commands.add_parser("bench", help="headless benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     speed_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
@@ -105,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
         return 0
+    if args.command == "models":
+        from .models_command import run_models
+
+        return run_models(args)
     if args.command == "export-hf":
         from .engine.errors import ModelError
         from .engine.models.export import export_hf

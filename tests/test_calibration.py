@@ -45,14 +45,14 @@ def test_a_gpu_is_keyed_by_its_name_and_never_builds_the_cpu_kernel(monkeypatch)
     """The key as a CUDA machine makes it (the GPU's name injected where torch is asked for it)."""
     import torch
 
-    from app.engine.calibration import _hardware
+    from app.engine.calibration import hardware
 
     monkeypatch.setattr(kernel, "build_id", lambda: pytest.fail("the CPU kernel was built for a GPU's costs"))
     names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA GeForce RTX 4090"}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names[device.index])
-    first, second = _hardware(torch.device("cuda", 0)), _hardware(torch.device("cuda", 1))
+    first, second = hardware(torch.device("cuda", 0)), hardware(torch.device("cuda", 1))
     assert first == "cuda:0 NVIDIA H100 80GB HBM3" and second == "cuda:1 NVIDIA GeForce RTX 4090"
-    assert _hardware(torch.device("mps")) == "mps"
+    assert hardware(torch.device("mps")) == "mps"
 
 
 def _no_timing(*args, **kwargs):

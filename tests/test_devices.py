@@ -52,7 +52,7 @@ def a_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(devices, "free_memory", lambda device: room["gpu"])
     monkeypatch.setattr(devices, "device_name", lambda device: "NVIDIA GeForce RTX 4060")
     monkeypatch.setattr(memory_check, "disk_free", lambda folder: room["disk"])
-    monkeypatch.setattr(memory_check, "_total_memory", lambda: room["memory"])
+    monkeypatch.setattr(memory_check, "total_memory", lambda: room["memory"])
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
     return room
 

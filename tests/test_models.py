@@ -242,7 +242,7 @@ def test_a_model_too_large_for_this_machine_is_refused_before_it_loads(tmp_path,
     from app.engine import memory_check
 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(memory_check, "_total_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(memory_check, "total_memory", lambda: 16 * 2**30)
     huge = tmp_path / "qwen2.5-32b-q4_k_m.gguf"
     with open(huge, "wb") as handle:
         handle.write(EMPTY_GGUF)
@@ -257,10 +257,10 @@ def test_a_model_too_large_for_this_machine_is_refused_before_it_loads(tmp_path,
     tiny.model.save_pretrained(folder)
     tiny.tokenizer.save_pretrained(folder)
     weights = sum(p.numel() for p in tiny.model.state_dict().values() if p is not None)
-    monkeypatch.setattr(memory_check, "_total_memory", lambda: int(memory_check.RESERVE) + 4 * weights - 1)
+    monkeypatch.setattr(memory_check, "total_memory", lambda: int(memory_check.RESERVE) + 4 * weights - 1)
     with pytest.raises(ModelError, match="as float32, and this machine has .* Pick a smaller model, or the low-bit"):
         load_model(str(folder), precision="fp32")
-    monkeypatch.setattr(memory_check, "_total_memory", lambda: int(memory_check.RESERVE) + 4 * weights)
+    monkeypatch.setattr(memory_check, "total_memory", lambda: int(memory_check.RESERVE) + 4 * weights)
     assert load_model(str(folder), precision="fp32").precision == "fp32"
 
 
@@ -270,7 +270,7 @@ def test_a_model_that_fits_alone_but_not_beside_the_other_is_refused(tmp_path, m
     from app.engine import memory_check
 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(memory_check, "_total_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(memory_check, "total_memory", lambda: 16 * 2**30)
     big = tmp_path / "big.gguf"
     with open(big, "wb") as handle:
         handle.write(EMPTY_GGUF)
@@ -291,7 +291,7 @@ def test_a_7b_model_folder_fits_a_16_gb_machine_at_low_bit_but_not_as_float32(tm
     from app.engine import memory_check
 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(memory_check, "_total_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(memory_check, "total_memory", lambda: 16 * 2**30)
     folder = tmp_path / "Qwen2.5-7B-Instruct"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
@@ -307,7 +307,7 @@ def test_a_7b_model_folder_fits_a_16_gb_machine_at_low_bit_but_not_as_float32(tm
     assert "memory" not in str(refused.value)
     with pytest.raises(ModelError, match=r"needs about 28\.4 GiB of memory to read its 7\.6 billion weights as float32"):
         load_model(str(folder), precision="fp32")
-    monkeypatch.setattr(memory_check, "_total_memory", lambda: 10 * 2**30)
+    monkeypatch.setattr(memory_check, "total_memory", lambda: 10 * 2**30)
     with pytest.raises(ModelError, match=r"needs about 9\.6 GiB of memory while its first start quantizes it to 8 bits"):
         load_model(str(folder))
 

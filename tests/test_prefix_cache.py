@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from app.bench.speed import long_prompt_runs, ours
+from app.bench.speed import long_prompt_runs
+from app.engine.measuring import engine_run
 from app.engine.models.decoder import cached
 from app.engine.engine import SpeculativeEngine
 from app.engine.kv.kept_prefixes import MIN_TOKENS, RESERVE_BYTES, PrefixStore, Snapshot, keep_prefix
@@ -124,8 +125,8 @@ def test_bench_speed_times_a_prompt_read_ahead_from_its_sending(engine, monkeypa
     reading = engine.read_ahead
     monkeypatch.setattr(engine, "read_ahead", lambda *args: time.sleep(1.0) or reading(*args))  # a slow reading
     prompt = list(range(1, 80))
-    runs = {"plain": ours(engine, options(speculative=False, k=4)), "speculative": ours(engine, options(k=4)),
-            "speculative_read_ahead": ours(engine, options(k=4), read_ahead=True)}
+    runs = {"plain": engine_run(engine, options(speculative=False, k=4)), "speculative": engine_run(engine, options(k=4)),
+            "speculative_read_ahead": engine_run(engine, options(k=4), read_ahead=True)}
     record = long_prompt_runs(runs, prompt, 16)
     assert record["identical"] and record["speculative_read_ahead"]["seconds"] < 1.0
     assert runs["speculative_read_ahead"](prompt, 16).stats.cached_prompt_tokens == len(prompt) - 1

@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-from app.bench.speed import ours, restarted_first_token
+from app.bench.speed import restarted_first_token
+from app.engine.measuring import engine_run
 from app.engine.engine import SpeculativeEngine
 from app.engine.kv.kept_prefixes import MIN_TOKENS, Snapshot
 from app.engine.kv.saved_prefixes import BLOCK, SavedPrefixes, prefix_digests, trim
@@ -53,7 +54,7 @@ def test_bench_speed_times_a_chat_reopened_after_a_restart():
     """bench speed's restart: the caches its last run left, saved and restored into an emptied
     engine, serve the same articles with another question; afterwards nothing is saved any more."""
     engine = pair("low-bit")
-    ours(engine, options(k=4))(CHAT, 16)
+    engine_run(engine, options(k=4))(CHAT, 16)
     record = restarted_first_token(engine, options(k=4), CHAT[:-5] + [90, 91, 92])
     assert record["restored_tokens"] == (len(CHAT) - 5) // BLOCK * BLOCK
     assert engine._target.saved is None and engine._draft.saved is None  # no later run restores anything

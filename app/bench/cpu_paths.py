@@ -15,7 +15,7 @@ from ..engine.flags import generation_options, load_options
 from ..engine.lowbit.kernel import why_not_native
 from ..engine.models.loading import load_model
 from .data import read_jsonl
-from .speed import ModeTotals, ours
+from ..engine.measuring import ModeTotals, engine_run
 
 PATHS = ("kernel", "no kernel", "fp32 reference")
 
@@ -43,7 +43,7 @@ def run_cpu_paths(args: argparse.Namespace) -> dict:
     any_engine = next(iter(engines.values()))
     prompts = [chat_prompt_ids(any_engine.target.tokenizer, [{"role": "user", "content": row["question"]}])
                for row in read_jsonl(args.data, args.limit)]
-    runs = {(path, mode): ours(engine, replace(options, speculative=mode == "speculative"))
+    runs = {(path, mode): engine_run(engine, replace(options, speculative=mode == "speculative"))
             for path, engine in engines.items() for mode in ("plain", "speculative")}
     for run in runs.values():  # warm-up: first calls allocate and are slow
         run(prompts[0], 8)

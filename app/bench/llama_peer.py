@@ -19,7 +19,7 @@ from ..engine.models import defaults as default_models
 from ..engine.kv.kept_prefixes import common_prefix
 from ..engine.models.loading import cache_dir
 from ..engine.sampling import SamplingParams
-from .runs import RunResult
+from ..engine.measuring import RunResult
 
 N_DRAFT_MAX = 8
 DRAFT_P_MIN = 0.75

@@ -6,9 +6,8 @@ import argparse
 import copy
 import json
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,70 +19,10 @@ from ..engine.engine import GenerationOptions, SpeculativeEngine
 from ..engine.lowbit.skeleton import as_transformers
 from ..engine.devices import pick_device
 from ..engine.models.loading import LoadedModel, load_model
-from ..engine.steps import Stats
 from ..engine.flags import generation_options, load_options
 from . import llama_peer
 from .data import DEFAULT_DATA_DIR, read_jsonl
-from .runs import Run, RunResult
-
-@dataclass
-class ModeTotals:
-    tokens: int = 0
-    seconds: float = 0.0
-    prefill_seconds: float | None = 0.0  # None once a run could not tell
-    prompt_tokens: int = 0
-    stats: list[Stats] = field(default_factory=list)
-    first_token_seconds: list[float] = field(default_factory=list)
-
-    def add(self, result: RunResult, seconds: float, prompt_tokens: int) -> None:
-        self.tokens += len(result.ids)
-        self.seconds += seconds
-        self.prompt_tokens += prompt_tokens
-        if result.first_token_seconds is not None:
-            self.first_token_seconds.append(result.first_token_seconds)
-        prefill = result.stats.prefill_seconds if result.stats else result.prefill_seconds
-        self.prefill_seconds = None if prefill is None or self.prefill_seconds is None else self.prefill_seconds + prefill
-        if result.stats:
-            self.stats.append(result.stats)
-
-    def summary(self) -> dict:
-        out = {"tokens": self.tokens, "seconds": round(self.seconds, 3), "tokens_per_s": round(self.tokens_per_s, 3)}
-        if self.prefill_seconds:
-            out["prefill_tokens_per_s"] = round(self.prompt_tokens / self.prefill_seconds, 2)
-            out["decode_tokens_per_s"] = round(self.tokens / (self.seconds - self.prefill_seconds), 3)
-        if self.first_token_seconds:
-            out["first_token_seconds"] = round(sum(self.first_token_seconds) / len(self.first_token_seconds), 3)
-        total = sum(self.stats, Stats())
-        if total.drafted:
-            out["acceptance_rate"] = round(total.acceptance_rate, 4)
-            out["mean_accepted_length"] = round(total.mean_accepted_length, 3)
-            out["looked_up"] = total.looked_up  # of the drafted tokens
-            out["draft_seconds"] = round(total.draft_seconds, 3)
-            out["target_seconds"] = round(total.target_seconds, 3)
-        return out
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-
-def ours(engine: SpeculativeEngine, options: GenerationOptions, read_ahead: bool = False) -> Run:
-    """read_ahead: the prompt is read before the clock starts, as the window reads a message while
-    it is typed."""
-    def run(prompt: list[int], max_new_tokens: int) -> RunResult:
-        engine.forget()  # every run reads its whole prompt, as the peers' runs do
-        if read_ahead:
-            engine.read_ahead(prompt, threading.Event())
-        start, steps, first = time.perf_counter(), [], None
-        for step in engine.generate(prompt, replace(options, max_new_tokens=max_new_tokens)):
-            if step.tokens:  # not a long prompt's reading progress
-                first = time.perf_counter() - start if first is None else first
-            steps.append(step)
-        return RunResult([t.id for s in steps for t in s.tokens], steps[-1].stats, first_token_seconds=first,
-                         seconds=time.perf_counter() - start)
-
-    return run
-
+from ..engine.measuring import ModeTotals, Run, RunResult, engine_run
 
 def hf_assisted(target: LoadedModel, draft: LoadedModel, k: int | None, options: GenerationOptions) -> Run:
     """k=None: transformers' defaults; else a constant draft length without confidence stops.
@@ -230,8 +169,8 @@ def run_speed(args: argparse.Namespace) -> dict:
 
     options = generation_options(args)
     modes: dict[str, Run] = {
-        "plain": ours(engine, replace(options, speculative=False)),
-        "speculative": ours(engine, replace(options, speculative=True)),
+        "plain": engine_run(engine, replace(options, speculative=False)),
+        "speculative": engine_run(engine, replace(options, speculative=True)),
     }
     # The process's memory once both models have answered (their caches and work buffers then
     # allocated; a float model's weights, mapped from their file, then read), before HF's copies
@@ -287,7 +226,7 @@ def run_speed(args: argparse.Namespace) -> dict:
             per_prompt.append(record)
             bar.update(len(modes))
     long_runs = {name: modes[name] for name in ("speculative", "plain", "llama.cpp_plain") if name in modes}
-    long_runs["speculative_read_ahead"] = ours(engine, replace(options, speculative=True), read_ahead=True)
+    long_runs["speculative_read_ahead"] = engine_run(engine, replace(options, speculative=True), read_ahead=True)
     print(f"long prompt ({LONG_PROMPT_TOKENS}+ tokens of articles to summarise): {', '.join(long_runs)}", flush=True)
     long = long_prompt_runs(long_runs, long_prompt(target.tokenizer, DEFAULT_DATA_DIR), args.max_new_tokens)
     restarted = restarted_first_token(engine, replace(options, speculative=True),

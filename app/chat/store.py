@@ -196,6 +196,13 @@ class ChatStore:
                 (pattern, pattern),
             ).fetchall()
 
+    def recent_questions(self, count: int, min_chars: int = 20) -> list[str]:
+        """The user's latest messages of at least min_chars characters, newest first, distinct."""
+        with self._reading("the chats") as db:
+            rows = db.execute("SELECT content FROM messages WHERE role = 'user' AND length(content) >= ? "
+                              "ORDER BY id DESC LIMIT ?", (min_chars, 4 * count)).fetchall()
+        return list(dict.fromkeys(content for (content,) in rows))[:count]
+
     def load_chat(self, chat_id: int) -> Conversation:
         with self._reading("the chat") as db:
             row = db.execute("SELECT title, updated, system_prompt FROM chats WHERE id = ?", (chat_id,)).fetchone()

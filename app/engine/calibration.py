@@ -29,7 +29,7 @@ def calibrate_remembered(engine: SpeculativeEngine, path: Path | None = None) ->
     True when remembered figures were used."""
     path = path or costs_path()
     key = _key(engine)
-    remembered = _read(path)
+    remembered = read_json(path)
     entry = remembered.get(key)
     if entry:
         try:
@@ -45,7 +45,7 @@ def calibrate_remembered(engine: SpeculativeEngine, path: Path | None = None) ->
     remembered[key] = {"draft_token": costs.draft_token, "catch_up_token": costs.catch_up_token,
                        "verify": {str(n): s for n, s in costs.verify.items()},
                        "verify_at": {str(b): {str(n): s for n, s in table.items()} for b, table in costs.verify_at.items()}}
-    _write(path, remembered)
+    write_json(path, remembered)
     return False
 
 
@@ -57,10 +57,10 @@ def _key(engine: SpeculativeEngine) -> str:
     draft = f"{engine.draft.name} ({engine.draft.label})" if engine.draft else "no draft"
     if engine.draft_vocabulary:
         draft += f", drafting {engine.draft_vocabulary.common} common tokens"
-    return f"{engine.target.name} ({engine.target.label}) | {draft} | {_hardware(engine.target.model.device)}"
+    return f"{engine.target.name} ({engine.target.label}) | {draft} | {hardware(engine.target.model.device)}"
 
 
-def _hardware(device: torch.device) -> str:
+def hardware(device: torch.device) -> str:
     """What the timings depend on besides the models: a GPU's name; on the CPU the low-bit
     kernel's build, the threads and the processor (a GPU machine never builds the CPU kernel)."""
     if device.type == "cuda":
@@ -81,7 +81,7 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
-def _read(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -89,7 +89,7 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _write(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     try:
         private_folder(path.parent)
         write_text(path, json.dumps(data, indent=1))

@@ -52,7 +52,7 @@ def check_fits(name: str, path: Path | None, size: int | None, precision: Precis
     need, why = needed_bytes(path, size, precision, prepared, without_kernel)
     if need is None:
         return
-    total = _total_memory()
+    total = total_memory()
     if need + held + RESERVE > total:
         beside = f", beside the {held / 2**30:.1f} GiB the other model takes," if held else ","
         raise ModelError(
@@ -76,7 +76,7 @@ def check_float_load(name: str, weights: int | None, copy_bytes: int, element_by
                 f"Not enough disk space in {cache} to prepare {name} for the GPU: its float32 copy takes about "
                 f"{copy_bytes / 2**30:.1f} GiB and {free / 2**30:.1f} GiB are free. Free some space, or set "
                 "SPECCHAT_CACHE to a folder on another disk.")
-    host, total = (4 if copy_bytes else element_bytes) * weights, _total_memory()
+    host, total = (4 if copy_bytes else element_bytes) * weights, total_memory()
     if host + RESERVE > total:
         raise ModelError(
             f"{name} needs about {host / 2**30:.1f} GiB of this machine's memory to read its {weights / 1e9:.1f} "
@@ -217,7 +217,7 @@ def _folder_weights(folder: Path) -> int | None:
     return total
 
 
-def _total_memory() -> int:
+def total_memory() -> int:
     import psutil
 
     return psutil.virtual_memory().total

@@ -126,12 +126,11 @@ class SuffixIndex:
 
 def _taken(copies: list[int], matched: int, k: int, use_copies: UseCopies | None) -> int:
     """How many of a copy's tokens to propose in a step whose longest draft is k: as the policy
-    says, else the whole copy of a match of at least LOOKUP_NGRAM tokens."""
-    if not copies:
+    says, else the whole copy. Where the draft model drafts (k > 0, or no policy) a copy must
+    follow at least LOOKUP_NGRAM matching tokens: a shorter match is the draft's to continue."""
+    if not copies or (matched < LOOKUP_NGRAM and (k > 0 or use_copies is None)):
         return 0
-    if use_copies is None:
-        return len(copies) if matched >= LOOKUP_NGRAM else 0
-    return max(0, min(int(use_copies(k, len(copies))), len(copies)))
+    return len(copies) if use_copies is None else max(0, min(int(use_copies(k, len(copies))), len(copies)))
 
 
 class _Committed:
@@ -150,9 +149,9 @@ class _Committed:
 
 
 SHORT_CATCH_UP = 8  # committed tokens the draft model takes in with its first draft step
-# Tokens that must repeat before what followed them is proposed without a policy to weigh it;
-# a policy is offered copies after a single repeated token too (a 1-token copy lengthens a pass
-# by a few percent, and pays where it is right one time in ten).
+# Tokens that must repeat before what followed them is proposed in a drafting step; a plain step
+# (the policy drafts nothing) is offered copies after a single repeated token too: a 1-token copy
+# lengthens a pass by a few percent, and pays where it is right one time in ten.
 LOOKUP_NGRAM = 3
 
 

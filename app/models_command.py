@@ -1,0 +1,226 @@
+"""`python -m app models search|pull|list|rm`: the hub's models in a terminal, as `ollama pull`
+and `lms get` do it, through the same engine modules as the window's model view."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+GIB = 2**30
+# A repository's GGUF taken when `pull` names none and it has several: the common choice of size and quality
+PREFERRED_QUANTIZATIONS = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q4_0", "Q8_0")
+
+
+def add_models_arguments(parser: argparse.ArgumentParser) -> None:
+    kinds = parser.add_subparsers(dest="models", required=True)
+    search = kinds.add_parser("search", help="search the hub: keywords, user/model or a URL")
+    search.add_argument("query")
+    search.add_argument("--limit", type=int, default=10, help="repositories listed at most")
+    pull = kinds.add_parser("pull", help="fetch a model into the hub cache (resumes an unfinished download)")
+    pull.add_argument("repo", help="user/model or its URL")
+    pull.add_argument("file", nargs="?", help="the GGUF file to fetch (default: the repository's only one, or its "
+                                              "Q4_K_M); none for a transformers folder")
+    kinds.add_parser("list", help="the models in the hub cache")
+    remove = kinds.add_parser("rm", help="delete a model from the hub cache")
+    remove.add_argument("repo")
+    rank = kinds.add_parser("rank", help="measure which draft pays for a target on this machine")
+    rank.add_argument("--target", default="default-target", help="a .gguf file, a model folder or a hub id")
+    rank.add_argument("--drafts", help="comma-separated drafts to measure, 'lookup' for prompt lookup (default: "
+                                       "the default draft, prompt lookup and the smaller GGUFs in the hub cache)")
+    rank.add_argument("--prompts", type=int, default=3, help="prompts per candidate: your latest questions in the "
+                                                             "chats when there are enough, else a built-in mixed set")
+    rank.add_argument("--max-new-tokens", type=int, default=64)
+    rank.add_argument("--budget", type=float, default=300, help="seconds after which no further prompt starts")
+    rank.add_argument("--json", type=Path, help="write the table here")
+
+
+def run_models(args: argparse.Namespace) -> int:
+    from .engine.errors import ModelError
+    from .engine.hub.access import HubError
+    from .engine.hub.fetch import Cancelled
+
+    try:
+        return {"search": _search, "pull": _pull, "list": _list, "rm": _remove, "rank": _rank}[args.models](args)
+    except (HubError, ModelError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (Cancelled, KeyboardInterrupt):  # Ctrl-C
+        print("\nstopped: `models pull` again continues where it stopped", file=sys.stderr)
+        return 130
+
+
+def _search(args: argparse.Namespace) -> int:
+    from .engine.hub.catalog import fit, search
+    from .engine.hub.local import is_here
+
+    repos = search(args.query, args.limit)
+    if not repos:
+        print(f"nothing SpecChat can run matches '{args.query}' (GGUF files, or folders of "
+              f"Qwen2/Qwen3, Llama or Gemma 2/3 models)")
+        return 0
+    for repo in repos:
+        notes = [note for note in ("gated" if repo.gated else "", f"{repo.downloads:,} downloads" if repo.downloads else "") if note]
+        print(f"{repo.id}" + (f"  ({', '.join(notes)})" if notes else ""))
+        if not repo.runnable:
+            print("  nothing SpecChat can run here")
+        for file in repo.ggufs:
+            print(f"  {file.name:<48} {_size(file.size):>9}  {file.quantization or '':<7} {_fit_words(fit(file.size))}"
+                  + ("  [here]" if is_here(repo.id, file.name) else ""))
+        if not repo.ggufs and repo.is_folder_model:
+            print(f"  (transformers folder) {_size(repo.folder_bytes):>9}  {_fit_words(fit(repo.folder_bytes))}"
+                  + ("  [here]" if is_here(repo.id, "config.json") else ""))
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .engine.hub.access import HubError
+    from .engine.hub.catalog import parse_query, repository
+    from .engine.hub.fetch import pull
+
+    repo_id, _ = parse_query(args.repo)
+    if repo_id is None:
+        raise HubError(f"'{args.repo}' is not a repository (user/model or its URL); `models search` finds them.")
+    repo = repository(repo_id)
+    names = [args.file] if args.file else _files_to_pull(repo)
+    paths = []
+    for name in names:
+        bars = []  # made at the first report: a file already here, or refused, draws none
+
+        def report(progress, name=name):
+            if not bars:
+                bars.append(tqdm(total=progress.total, initial=progress.done - progress.fetched, unit="B",
+                                 unit_scale=True, desc=name[-40:]))
+            bars[0].n = progress.done
+            bars[0].refresh()
+        try:
+            paths.append(pull(repo_id, name, report))
+        finally:  # Ctrl-C included: what was fetched stays for the next pull
+            for bar in bars:
+                bar.close()
+    source = paths[0] if repo.ggufs else paths[0].parent
+    print(f"ready: {source}\n  use it as a model: python -m app chat --target {source}  (or add it in the window)")
+    return 0
+
+
+def _files_to_pull(repo) -> list[str]:
+    from .engine.hub.access import HubError
+
+    if repo.ggufs:
+        if len(repo.ggufs) == 1:
+            return [repo.ggufs[0].name]
+        by_quantization = {f.quantization: f.name for f in repo.ggufs}
+        chosen = next((by_quantization[q] for q in PREFERRED_QUANTIZATIONS if q in by_quantization), None)
+        if chosen:
+            return [chosen]
+        listing = ", ".join(f.name for f in repo.ggufs)
+        raise HubError(f"{repo.id} has several GGUF files; name one: {listing}")
+    if repo.is_folder_model:
+        wanted = (".json", ".safetensors", ".model", ".txt", ".tiktoken")
+        return [f.name for f in repo.files if f.name.endswith(wanted) and "/" not in f.name]
+    raise HubError(f"{repo.id} holds nothing SpecChat can run (no GGUF file, no model folder of a supported architecture).")
+
+
+def _list(args: argparse.Namespace) -> int:
+    from .engine.hub.access import cache_dir
+    from .engine.hub.local import local_models, partial_bytes
+
+    models = local_models()
+    if not models:
+        print(f"no models in the hub cache ({cache_dir()}); `models pull user/model` fetches one")
+        return 0
+    for model in models:
+        unfinished = partial_bytes(model.repo_id)
+        note = f"  ({_size(unfinished)} of an unfinished download)" if unfinished else ""
+        print(f"{model.repo_id:<50} {_size(model.bytes):>9}{note}")
+        for source in model.sources():
+            print(f"  {source}")
+    return 0
+
+
+def _remove(args: argparse.Namespace) -> int:
+    from .engine.hub.catalog import parse_query
+    from .engine.hub.local import remove
+
+    repo_id = parse_query(args.repo)[0] or args.repo
+    print(f"removed {repo_id}: {_size(remove(repo_id))} freed")
+    return 0
+
+
+def _rank(args: argparse.Namespace) -> int:
+    from .engine.choices import GenerationOptions, LoadOptions
+    from .engine.draft_finder import LOOKUP, rank_drafts, remember
+    from .engine.models.loading import load_model
+
+    load = LoadOptions(target=args.target)
+    say = lambda text: print(f"  {text}", file=sys.stderr, flush=True)
+    target = load_model(args.target, progress=lambda stage, fraction: say(stage), precision=load.precision)
+    drafts = [LOOKUP if d.strip() == "lookup" else d.strip() for d in args.drafts.split(",")] if args.drafts \
+        else _default_drafts(target)
+    questions = _questions(args.prompts)
+    from .chat.prompt import chat_prompt_ids
+
+    prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    ranked = rank_drafts(target, drafts, prompts, GenerationOptions(), lambda name: load_model(
+        name, progress=lambda stage, fraction: say(stage), precision=load.draft_precision, held=target.memory_bytes),
+        args.max_new_tokens, args.budget, say)
+    remember(target, ranked)
+    print(f"drafts for {target.name} on this machine ({len(prompts)} prompts x {args.max_new_tokens} tokens, "
+          f"greedy, adaptive k):")
+    print(f"{'':3}{'draft':<40} {'speed-up':>8} {'decode':>7} {'accepted':>8} {'tokens/pass':>11} {'memory':>9}  identical")
+    for place, row in enumerate(ranked, 1):
+        if row.speedup is None:
+            print(f"{'-':>2} {row.draft:<40} not measured: {row.note}")
+            continue
+        print(f"{place:>2} {row.draft:<40} {row.speedup:>7.2f}x {row.decode_speedup or 0:>6.2f}x "
+              f"{(row.acceptance or 0):>8.0%} {row.tokens_per_pass or 0:>11.2f} {_size(row.memory_bytes) if row.memory_bytes else '-':>9}  "
+              f"{'yes' if row.identical else 'NO' if row.identical is False else '-'}")
+    best = ranked[0] if ranked and ranked[0].speedup else None
+    if best is not None:
+        pair = "--proposer lookup" if best.draft == LOOKUP else f"--draft {best.draft}"
+        verdict = "pays" if best.speedup >= 1.0 else "does not pay: plain decoding is faster here"
+        print(f"best: {best.draft} ({verdict}); use this pair: python -m app chat --target {args.target} {pair}")
+    if args.json:
+        args.json.write_text(json.dumps({"target": target.name, "rows": [asdict(r) for r in ranked]}, indent=1))
+    return 0
+
+
+def _default_drafts(target) -> list[str]:
+    """The default draft, prompt lookup, and the GGUFs in the hub cache smaller than the target."""
+    from .engine.draft_finder import LOOKUP
+    from .engine.hub.local import local_models
+
+    smaller = [str(path) for model in local_models() for path in model.files
+               if path.suffix == ".gguf" and path.stat().st_size < target.memory_bytes / 2]
+    return ["default-draft", LOOKUP, *smaller[:4]]
+
+
+def _questions(count: int) -> list[str]:
+    """The user's latest questions when the chats hold enough, else the built-in mixed set."""
+    from .chat.store import ChatStore, StoreError, default_path
+    from .engine.draft_finder import MIXED_QUESTIONS
+
+    if not default_path().exists():  # no chats yet (and none made by asking)
+        return list(MIXED_QUESTIONS[:count])
+    try:
+        store = ChatStore()
+        try:
+            recent = store.recent_questions(count)
+        finally:
+            store.close()
+    except StoreError:
+        recent = []
+    return recent if len(recent) >= count else list(MIXED_QUESTIONS[:count])
+
+
+def _size(size: int | None) -> str:
+    if size is None:
+        return "?"
+    return f"{size / GIB:.2f} GB" if size >= GIB else f"{size / 2**20:.0f} MB" if size >= 2**20 else f"{size / 1024:.0f} kB"
+
+
+def _fit_words(reason: str | None) -> str:
+    return "fits" if reason is None else f"too big: {reason}"

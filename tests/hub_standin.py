@@ -1,0 +1,149 @@
+"""A small stand-in for the Hugging Face hub on loopback, in the hub's URL layout, for the real
+`huggingface_hub` client (HF_ENDPOINT points at it): search (`/api/models`), a repository's files
+with sizes and hashes (`/api/models/<id>?blobs=True`), and files (`/<id>/resolve/<revision>/<name>`,
+HEAD and ranged GET). It can drop a connection part way through a file, serve bytes that do not
+match the hash it announced, refuse a gated repository (401) and say 404 as the hub does."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlparse
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class Repo:
+    files: dict[str, bytes]
+    model_type: str = "qwen2"
+    gated: bool = False
+    downloads: int = 1000
+
+
+@dataclass
+class Hub:
+    repos: dict[str, Repo] = field(default_factory=dict)
+    drop_after: dict[str, int] = field(default_factory=dict)  # file name -> bytes sent before the connection drops (once)
+    damaged: set[str] = field(default_factory=set)  # file names served with one byte changed
+    throttle: float = 0.0  # seconds between 64 kB pieces of a file (to cancel a download part way)
+    ranges: list[str] = field(default_factory=list)  # the Range headers file requests carried
+
+    def start(self) -> str:
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                hub.answer(self, body=True)
+
+            def do_HEAD(self) -> None:
+                hub.answer(self, body=False)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # --- the hub's answers
+
+    def answer(self, request: BaseHTTPRequestHandler, body: bool) -> None:
+        url = urlparse(request.path)
+        path, query = unquote(url.path), parse_qs(url.query)
+        if path == "/api/models":
+            words = query.get("search", [""])[0].lower()
+            found = [self._listing(repo_id, repo) for repo_id, repo in self.repos.items() if words in repo_id.lower()]
+            return self._json(request, found[: int(query.get("limit", ["1000"])[0])], body)
+        match = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path)
+        if match:
+            repo = self.repos.get(match.group(1))
+            if repo is None:
+                return self._error(request, 404, "RepoNotFound", body)
+            return self._json(request, self._info(match.group(1), repo), body)
+        match = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
+        if match:
+            return self._file(request, match.group(1), match.group(3), body)
+        self._error(request, 404, None, body)
+
+    def _listing(self, repo_id: str, repo: Repo) -> dict:
+        return {"id": repo_id, "modelId": repo_id, "gated": repo.gated, "downloads": repo.downloads,
+                "config": {"model_type": repo.model_type}, "siblings": [{"rfilename": name} for name in repo.files]}
+
+    def _info(self, repo_id: str, repo: Repo) -> dict:
+        siblings = [{"rfilename": name, "size": len(data), "blobId": _git_hash(data),
+                     "lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}}
+                    for name, data in repo.files.items()]
+        return {**self._listing(repo_id, repo), "sha": COMMIT, "siblings": siblings}
+
+    def _file(self, request: BaseHTTPRequestHandler, repo_id: str, name: str, body: bool) -> None:
+        repo = self.repos.get(repo_id)
+        if repo is None:
+            return self._error(request, 404, "RepoNotFound", body)
+        if repo.gated:
+            return self._error(request, 401, "GatedRepo", body)
+        data = repo.files.get(name)
+        if data is None:
+            return self._error(request, 404, "EntryNotFound", body)
+        etag = hashlib.sha256(data).hexdigest()
+        if name in self.damaged:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        start = 0
+        wanted = request.headers.get("Range")
+        if body and wanted:
+            self.ranges.append(wanted)
+            start = int(re.fullmatch(r"bytes=(\d+)-", wanted).group(1))
+        request.send_response(206 if start else 200)
+        request.send_header("ETag", f'"{etag}"')
+        request.send_header("X-Repo-Commit", COMMIT)
+        request.send_header("Content-Length", str(len(data) - start))
+        if start:
+            request.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        request.send_header("Accept-Ranges", "bytes")
+        request.end_headers()
+        if not body:
+            return
+        cut = self.drop_after.pop(name, None)
+        end = len(data) if cut is None else max(start, cut)
+        for piece in range(start, end, 1 << 16):
+            request.wfile.write(data[piece : min(piece + (1 << 16), end)])
+            request.wfile.flush()
+            if self.throttle:
+                threading.Event().wait(self.throttle)
+        if cut is not None:  # the connection drops part way through the file
+            request.close_connection = True
+            request.connection.shutdown(2)
+
+    def _json(self, request: BaseHTTPRequestHandler, value, body: bool) -> None:
+        payload = json.dumps(value).encode()
+        request.send_response(200)
+        request.send_header("Content-Type", "application/json")
+        request.send_header("Content-Length", str(len(payload)))
+        request.end_headers()
+        if body:
+            request.wfile.write(payload)
+
+    def _error(self, request: BaseHTTPRequestHandler, status: int, code: str | None, body: bool) -> None:
+        payload = json.dumps({"error": code or "Not Found"}).encode()
+        request.send_response(status)
+        if code:
+            request.send_header("X-Error-Code", code)
+        request.send_header("Content-Type", "application/json")
+        request.send_header("Content-Length", str(len(payload)))
+        request.end_headers()
+        if body:
+            request.wfile.write(payload)
+
+
+def _git_hash(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
