@@ -109,7 +109,7 @@ class SuffixIndex:
         recent = [start for start in range(end - self.n - 1, max(len(self.ids) - self.n, 0) - 1, -1)
                   if text[start : start + self.n] == last]
         indexed = self.starts.get(tuple(last), [])
-        best, best_start = (0, 0), -1  # (copy length, tokens matched), where
+        best, best_start = (0, 0), -1  # (copy length, tokens matched) and where that copy follows
         for start in recent + indexed[: -self.candidates - 1 : -1]:
             matched = self.n
             while (matched < self.longest and start - matched + self.n > 0
