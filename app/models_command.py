@@ -151,6 +151,7 @@ def _remove(args: argparse.Namespace) -> int:
 
 
 def _rank(args: argparse.Namespace) -> int:
+    from .chat.prompt import chat_prompt_ids
     from .engine.choices import GenerationOptions, LoadOptions
     from .engine.draft_finder import LOOKUP, rank_drafts, remember
     from .engine.models.loading import load_model
@@ -161,8 +162,6 @@ def _rank(args: argparse.Namespace) -> int:
     drafts = [LOOKUP if d.strip() == "lookup" else d.strip() for d in args.drafts.split(",")] if args.drafts \
         else _default_drafts(target)
     questions = _questions(args.prompts)
-    from .chat.prompt import chat_prompt_ids
-
     prompts = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": q}]) for q in questions]
     ranked = rank_drafts(target, drafts, prompts, GenerationOptions(), lambda name: load_model(
         name, progress=lambda stage, fraction: say(stage), precision=load.draft_precision, held=target.memory_bytes),

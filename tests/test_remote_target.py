@@ -9,7 +9,6 @@ from app.chat.prompt import chat_prompt_ids
 from app.engine.api import FinishReason, GenerationOptions, SpeculativeEngine, Source, Turns
 from app.engine.remote.client import ServerError
 from app.engine.remote.engine import RemoteEngine
-from app.serve.guard import Access
 from app.serve.server import ServerState
 from tests.running_server import RunningServer
 from tests.served import answer_steps, free_port

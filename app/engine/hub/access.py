@@ -28,9 +28,28 @@ def cache_dir() -> Path:
 
 
 def api():
+    """The hub's client, once the hub answers at all (see reachable)."""
     from huggingface_hub import HfApi
+    from huggingface_hub.utils import logging
 
+    logging.set_verbosity_error()  # its retry warnings are no message for the user: ours is one line
+    reachable()
     return HfApi(endpoint=endpoint())
+
+
+def reachable(timeout: float = 5.0) -> None:
+    """Raises HubError at once when the hub's host cannot be reached: huggingface_hub would retry
+    a failed connection five times over 23 s before saying so."""
+    import socket
+    from urllib.parse import urlparse
+
+    address = urlparse(endpoint())
+    port = address.port or (443 if address.scheme == "https" else 80)
+    try:
+        socket.create_connection((address.hostname, port), timeout=timeout).close()
+    except OSError as error:
+        raise HubError(f"No connection to the hub ({address.netloc}): {error.strerror or type(error).__name__}; "
+                       f"models already here keep working.") from error
 
 
 def in_words(error: BaseException, what: str) -> HubError:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import memory_check
-from .access import HubError, cache_dir, endpoint, in_words
+from .access import HubError, cache_dir, endpoint, in_words, reachable
 
 PARTIAL = ".partial"  # beside the blob it becomes
 PIECE = 1 << 20  # bytes fetched between two progress reports (and cancel checks)
@@ -64,6 +64,7 @@ def pull(repo_id: str, filename: str, report: Report | None = None, cancel: thre
     from huggingface_hub.utils import build_hf_headers
 
     what = f"fetching {repo_id}/{filename}"
+    reachable()
     try:
         url = hf_hub_url(repo_id, filename, revision=revision, endpoint=endpoint())
         meta = get_hf_file_metadata(url, endpoint=endpoint())
