@@ -9,8 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 GIB = 2**30
-# A repository's GGUF taken when `pull` names none and it has several: the common choice of size and quality
-PREFERRED_QUANTIZATIONS = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q4_0", "Q8_0")
 
 
 def add_models_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,50 +76,28 @@ def _pull(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .engine.hub.access import HubError
-    from .engine.hub.catalog import parse_query, repository
-    from .engine.hub.fetch import pull
+    from .engine.hub.catalog import files_to_pull, parse_query, repository
+    from .engine.hub.fetch import pull_model
 
     repo_id, _ = parse_query(args.repo)
     if repo_id is None:
         raise HubError(f"'{args.repo}' is not a repository (user/model or its URL); `models search` finds them.")
     repo = repository(repo_id)
-    names = [args.file] if args.file else _files_to_pull(repo)
-    paths = []
-    for name in names:
-        bars = []  # made at the first report: a file already here, or refused, draws none
+    bars = {}  # by file, made at its first report: a file already here, or refused, draws none
 
-        def report(progress, name=name):
-            if not bars:
-                bars.append(tqdm(total=progress.total, initial=progress.done - progress.fetched, unit="B",
-                                 unit_scale=True, desc=name[-40:]))
-            bars[0].n = progress.done
-            bars[0].refresh()
-        try:
-            paths.append(pull(repo_id, name, report))
-        finally:  # Ctrl-C included: what was fetched stays for the next pull
-            for bar in bars:
-                bar.close()
-    source = paths[0] if repo.ggufs else paths[0].parent
+    def report(name, progress):
+        if name not in bars:
+            bars[name] = tqdm(total=progress.total, initial=progress.done - progress.fetched, unit="B",
+                              unit_scale=True, desc=name[-40:])
+        bars[name].n = progress.done
+        bars[name].refresh()
+    try:
+        source = pull_model(repo, files_to_pull(repo, args.file), report)
+    finally:  # Ctrl-C included: what was fetched stays for the next pull
+        for bar in bars.values():
+            bar.close()
     print(f"ready: {source}\n  use it as a model: python -m app chat --target {source}  (or add it in the window)")
     return 0
-
-
-def _files_to_pull(repo) -> list[str]:
-    from .engine.hub.access import HubError
-
-    if repo.ggufs:
-        if len(repo.ggufs) == 1:
-            return [repo.ggufs[0].name]
-        by_quantization = {f.quantization: f.name for f in repo.ggufs}
-        chosen = next((by_quantization[q] for q in PREFERRED_QUANTIZATIONS if q in by_quantization), None)
-        if chosen:
-            return [chosen]
-        listing = ", ".join(f.name for f in repo.ggufs)
-        raise HubError(f"{repo.id} has several GGUF files; name one: {listing}")
-    if repo.is_folder_model:
-        wanted = (".json", ".safetensors", ".model", ".txt", ".tiktoken")
-        return [f.name for f in repo.files if f.name.endswith(wanted) and "/" not in f.name]
-    raise HubError(f"{repo.id} holds nothing SpecChat can run (no GGUF file, no model folder of a supported architecture).")
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -198,21 +174,20 @@ def _default_drafts(target) -> list[str]:
 
 
 def _questions(count: int) -> list[str]:
-    """The user's latest questions when the chats hold enough, else the built-in mixed set."""
     from .chat.store import ChatStore, StoreError, default_path
-    from .engine.draft_finder import MIXED_QUESTIONS
+    from .engine.draft_finder import questions
 
-    if not default_path().exists():  # no chats yet (and none made by asking)
-        return list(MIXED_QUESTIONS[:count])
-    try:
-        store = ChatStore()
+    recent = []
+    if default_path().exists():  # (no chats yet: none made by asking)
         try:
-            recent = store.recent_questions(count)
-        finally:
-            store.close()
-    except StoreError:
-        recent = []
-    return recent if len(recent) >= count else list(MIXED_QUESTIONS[:count])
+            store = ChatStore()
+            try:
+                recent = store.recent_questions(count)
+            finally:
+                store.close()
+        except StoreError:
+            pass
+    return questions(recent, count)
 
 
 def _size(size: int | None) -> str:

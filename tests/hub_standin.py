@@ -115,11 +115,14 @@ class Hub:
             return
         cut = self.drop_after.pop(name, None)
         end = len(data) if cut is None else max(start, cut)
-        for piece in range(start, end, 1 << 16):
-            request.wfile.write(data[piece : min(piece + (1 << 16), end)])
-            request.wfile.flush()
-            if self.throttle:
-                threading.Event().wait(self.throttle)
+        try:
+            for piece in range(start, end, 1 << 16):
+                request.wfile.write(data[piece : min(piece + (1 << 16), end)])
+                request.wfile.flush()
+                if self.throttle:
+                    threading.Event().wait(self.throttle)
+        except (BrokenPipeError, ConnectionResetError):  # the client cancelled
+            return
         if cut is not None:  # the connection drops part way through the file
             request.close_connection = True
             request.connection.shutdown(2)
@@ -143,6 +146,36 @@ class Hub:
         request.end_headers()
         if body:
             request.wfile.write(payload)
+
+
+def chat_gguf(path, seed: int, layers: int = 2, width: int = 256, inner: int = 1024):
+    """A tiny Q8_0 Qwen2 GGUF that chats: random weights and a real byte-level BPE tokenizer in the
+    file (trained here on a few sentences), as a hub's GGUF repository holds one. Models written with
+    the same tokenizer can pair as target and draft."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from app.engine.lowbit import gguf_writing
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["hello there, how are you today?", "the quick brown fox jumps over the lazy dog",
+                             "def add(a, b): return a + b"], vocab_size=300, special_tokens=["<|endoftext|>"],
+                            show_progress=False)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>")
+    words = path.with_name(path.name + ".words")
+    gguf_writing.write_tokenizer(words, tokenizer)
+    rng = np.random.default_rng(seed)
+    weight = lambda name, shape: (quantize((rng.standard_normal(shape) * 0.2).astype(np.float32),
+                                           GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
+    norm = lambda n: (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
+    vocabulary = -(-len(tokenizer) // 32) * 32  # padded, as converters pad the embedding rows
+    shape = gguf_writing.Shape(layers, width, inner, 4, 2, width // 4, vocabulary, rope_base=10000.0, context=512)
+    gguf_writing.write(path, "qwen2", shape, weight, norm, tied=False, tokenizer_from=words)
+    words.unlink()
+    return path
 
 
 def _git_hash(data: bytes) -> str:

@@ -238,17 +238,8 @@ def gguf_on_device(work: Path, tokenizer, device: torch.device, dtype: torch.dty
     from app.engine.models import prepared_copies
     from app.engine.models.loading import load_model
 
-    backend = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
-    vocab = backend["vocab"]
-    words = gguf.GGUFWriter(str(work / "words.gguf"), "qwen2")  # the tokenizer's entries, copied below
-    words.add_tokenizer_model("gpt2")
-    words.add_tokenizer_pre("qwen2")
-    words.add_token_list([token for token, _ in sorted(vocab.items(), key=lambda item: item[1])])
-    words.add_token_types([1] * len(vocab))
-    words.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in backend["merges"]])
-    words.add_eos_token_id(vocab["<|endoftext|>"])
-    for write in (words.write_header_to_file, words.write_kv_data_to_file, words.write_tensors_to_file, words.close):
-        write()
+    vocab = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["vocab"]
+    gguf_writing.write_tokenizer(work / "words.gguf", tokenizer)  # the tokenizer's entries, copied below
     rng = np.random.default_rng(0)
     weight = lambda name, shape: (quantize((rng.standard_normal(shape) * 0.2).astype(np.float32),
                                            gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..engine.api import (GenerationOptions, LoadOptions, ModelError, ModelPool, PromptTooLongError, Turns, call_soon,
-                          in_thread, load_tokenizer, noted_precision, noted_source, steps_of, vocabulary_mismatch)
+                          in_thread, noted_precision, noted_source, steps_of, vocabulary_mismatch)
 from .events import Event
 from .prompt import chat_prompt_ids, switches_thinking
 from .session import ChatSession, Request
@@ -90,7 +90,7 @@ class ChatController:
         self._stop_reading_ahead()
         leaving = self.engine if not self.session.busy else None
         self.engine, self.loading = None, True
-        self._spawn(self._load(ticket, chosen, leaving))
+        self.spawn(self._load(ticket, chosen, leaving))
 
     async def _load(self, ticket: int, chosen: LoadOptions, leaving: SpeculativeEngine | None) -> None:
         loop = asyncio.get_running_loop()
@@ -160,7 +160,7 @@ class ChatController:
 
         def check() -> tuple[str, bool] | None:
             try:
-                tokenizer = load_tokenizer(source)
+                tokenizer = self.models.tokenizer(source)
             except ModelError as error:
                 return str(error), True
             mismatch = vocabulary_mismatch(tokenizer, target.tokenizer, source, target.name)
@@ -171,7 +171,7 @@ class ChatController:
             if refused is not None:
                 self.source_refused.emit(source, *refused)
 
-        self._spawn(run())
+        self.spawn(run())
 
     def models_in_use(self, choosing: LoadOptions) -> frozenset[tuple[str, str]]:
         """The (source, precision) of the prepared copies the pair loaded and the one chosen now
@@ -253,7 +253,7 @@ class ChatController:
             return
         self._stop_reading_ahead()
         engine = self.engine
-        self._spawn(self.turns.hold(lambda: in_thread("forget", lambda: self._forget_now(engine))))
+        self.spawn(self.turns.hold(lambda: in_thread("forget", lambda: self._forget_now(engine))))
 
     def _forget_now(self, engine: SpeculativeEngine) -> None:
         """(On a thread.) Forgets the deleted chats' caches; one still in use by a request
@@ -311,7 +311,7 @@ class ChatController:
         self._cancel = cancel = threading.Event()
         self._stop_waiting = asyncio.Event()
         self.started.emit(request.kind)
-        self._generation = self._spawn(self._generate(self.engine, request, cancel))
+        self._generation = self.spawn(self._generate(self.engine, request, cancel))
         return True
 
     async def _generate(self, engine: SpeculativeEngine, request: Request, cancel: threading.Event) -> None:
@@ -367,7 +367,7 @@ class ChatController:
             except Exception:  # only a head start: the answer reads whatever the cache lacks
                 traceback.print_exc()
 
-        self._reading_ahead = (self._spawn(run()), cancel)
+        self._reading_ahead = (self.spawn(run()), cancel)
 
     def _stop_reading_ahead(self) -> asyncio.Task | None:
         """Tells the read-ahead to stop (within one pass); returns its task, to be awaited."""
@@ -406,7 +406,7 @@ class ChatController:
             self.closing.start()
 
     # ---- helpers ----------------------------------------------------------------------------------
-    def _spawn(self, work: Coroutine) -> asyncio.Task:
+    def spawn(self, work: Coroutine) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(work)
         task.add_done_callback(_report_crash)
         return task

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .background import call_soon, in_thread, steps_of
-from .choices import (CACHE_TYPES, CHAT_DEFAULTS, COMMON_TOKENS, DEFAULTS, LOAD_DEFAULTS, GenerationOptions,
+from .choices import (CACHE_TYPES, CHAT_DEFAULTS, COMMON_TOKENS, DEFAULTS, LOAD_DEFAULTS, LOOKUP, GenerationOptions,
                       LoadOptions, Precision, ProposerKind, SamplingParams)
 from .models.defaults import DEFAULTS as DEFAULT_MODELS
 from .errors import EngineBusyError, IncompatibleModelsError, ModelError, PromptTooLongError, in_one_line
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .models.loading import LoadedModel
 
 __all__ = [
-    "call_soon", "CACHE_TYPES", "CHAT_DEFAULTS", "COMMON_TOKENS", "DEFAULTS", "DEFAULT_MODELS", "LOAD_DEFAULTS", "EmittedToken",
+    "call_soon", "CACHE_TYPES", "CHAT_DEFAULTS", "COMMON_TOKENS", "DEFAULTS", "DEFAULT_MODELS", "LOAD_DEFAULTS", "LOOKUP", "EmittedToken",
     "Engine", "EngineBusyError", "FinishReason", "GenerationOptions", "IncompatibleModelsError", "LoadOptions", "LoadedModel",
     "ModelError", "ModelPool", "Precision", "PreparedCopy", "PromptTooLongError", "ProposerKind", "SamplingParams",
     "Source", "SpeculativeEngine", "Stats", "Step", "age_in_words", "cache_root", "delete_prepared_copy",

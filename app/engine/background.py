@@ -47,15 +47,17 @@ class steps_of:  # noqa: N801 (used as a function: `async for step in steps_of(.
         self._items: asyncio.Queue = asyncio.Queue()
 
         def run() -> None:
+            last = _DONE
             try:
                 for item in steps():
                     call_soon(loop, self._items.put_nowait, item)
-                call_soon(loop, self._items.put_nowait, _DONE)
             except BaseException as error:
-                call_soon(loop, self._items.put_nowait, error)
+                last = error
             finally:
+                # on_end first: a consumer that sees the end finds the engine already free
                 if on_end is not None:
                     call_soon(loop, on_end)
+                call_soon(loop, self._items.put_nowait, last)
 
         threading.Thread(target=run, name=f"specchat-{name}", daemon=True).start()
 

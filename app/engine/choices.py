@@ -82,6 +82,9 @@ class ProposerKind(str, Enum):
     PROMPT_LOOKUP = "lookup"
 
 
+LOOKUP = "prompt lookup"  # the draft finder's candidate without a draft model
+
+
 @dataclass(frozen=True)
 class GenerationOptions:
     """The one set of generation defaults: the window, the terminal chat and both benchmarks

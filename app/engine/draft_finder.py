@@ -14,14 +14,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .calibration import calibrate_remembered, hardware, read_json, write_json
-from .choices import GenerationOptions, ProposerKind
+from .choices import LOOKUP, GenerationOptions, ProposerKind
 from .engine import SpeculativeEngine
 from .errors import ModelError
 from .files import cache_root
 from .measuring import ModeTotals, engine_run
 from .models.loading import LoadedModel
 
-LOOKUP = "prompt lookup"  # the candidate without a draft model
 # Asked when the user's chats hold too few questions: code, explanation, a summary, a translation
 MIXED_QUESTIONS = (
     "Write a Python function that returns the n-th Fibonacci number, with a docstring and a test.",
@@ -98,6 +97,12 @@ def rank_drafts(target: LoadedModel, drafts: list[str], prompts: list[list[int]]
             identical[name] if options.sampling.temperature == 0 else None))
     measured.sort(key=lambda row: -(row.speedup or 0))
     return measured + refused
+
+
+def questions(recent: list[str], count: int) -> list[str]:
+    """The prompts' questions: the user's latest (ChatStore.recent_questions) when the chats hold
+    enough, else the built-in mixed set. Read from the chats file only; nothing leaves the machine."""
+    return recent[:count] if len(recent) >= count else list(MIXED_QUESTIONS[:count])
 
 
 def _timed(run, prompt: list[int], max_new_tokens: int, total: ModeTotals) -> list[int]:

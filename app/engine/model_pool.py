@@ -26,6 +26,8 @@ from .choices import LoadOptions, Precision
 from .files import write_text
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from .engine import SpeculativeEngine
     from .models.loading import LoadedModel
     from .remote.engine import RemoteEngine
@@ -45,6 +47,7 @@ class ModelPool:
         self.device_text: str | None = None  # in words for the UI, once the first load picked the device
         self.on_gpu = False  # the last pair runs on a GPU: one float model each, whatever the precision
         self.models: dict[tuple[str, Precision | None], LoadedModel] = {}  # (source, precision; None on a GPU) -> model
+        self.tokenizers: dict[str, PreTrainedTokenizerBase] = {}  # of every model loaded, kept after it goes (small)
         self._lock = threading.Lock()
         self._ticket = 0
 
@@ -89,6 +92,7 @@ class ModelPool:
                         held = sum(model.memory_bytes for model in self.models.values())
                         self.models[key] = (self.load or load_model)(source, device, dtype, report, precision=precision,
                                                                      held=held)
+                        self.tokenizers[source] = self.models[key].tokenizer
                     if not self.is_current(ticket):
                         return None
                 engine = SpeculativeEngine.for_pair(self.models[keys[0]], self.models[keys[1]],
@@ -102,6 +106,14 @@ class ModelPool:
             if self.saved_caches is not None:
                 engine.keep_saved_caches(self.saved_caches)
             return engine if self.is_current(ticket) else None
+
+    def tokenizer(self, source: str) -> PreTrainedTokenizerBase:
+        """A model's tokenizer: kept from its load, else read alone (ModelError when it cannot be)."""
+        if source not in self.tokenizers:
+            from .models.loading import load_tokenizer
+
+            self.tokenizers[source] = load_tokenizer(source)
+        return self.tokenizers[source]
 
     def _served(self, ticket: int, chosen: LoadOptions, report: Report) -> RemoteEngine | None:
         """The target on a server: the local models go (their memory back), the chosen target's

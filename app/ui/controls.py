@@ -2,6 +2,8 @@
 so they take a fixed, small height below the acceptance view instead of pushing it away."""
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QHBoxLayout, QLabel,
@@ -17,6 +19,8 @@ GPU_PRECISION = ("The models run on the GPU, each as one float model (the Device
                  "these precisions are the CPU's. SPECCHAT_DEVICE=cpu runs them on the CPU instead.")
 MISSING = "  (file not found)"
 UNREADABLE = "  (cannot be read)"
+MARKS = (INCOMPATIBLE, MISSING, UNREADABLE)
+MEASURED = re.compile(r"  \([\d.]+x measured\)")  # the draft finder's last speed-up, beside a draft
 CACHE_LABELS = {"float16": "float16 (half the memory)", "float32": "float32 (the reference's rounding)"}
 PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.BITS4: "4-bit",
                     Precision.BITS3: "3-bit feed-forward, 4-bit rest",
@@ -29,6 +33,8 @@ RANDOM_SEED = -1  # the seed picker's "random"
 class ControlsPanel(QTabWidget):
     models_changed = Signal()
     add_model_requested = Signal()
+    get_models_requested = Signal()
+    find_draft_requested = Signal()
 
     def __init__(self, device_text: str = "known once the models load") -> None:
         super().__init__()
@@ -42,6 +48,10 @@ class ControlsPanel(QTabWidget):
             self.draft.addItem(label, source)
         self.add_model = QPushButton("Add model...")
         self.add_model.setToolTip("A .gguf file or a Hugging Face model folder from disk, or a hub id in the local cache")
+        self.get_models = QPushButton("Get models...")
+        self.get_models.setToolTip("Search the Hugging Face hub and download models; the models on this machine")
+        self.find_draft = QPushButton("Find the best draft")
+        self.find_draft.setToolTip("Measure which draft (or prompt lookup) makes this target fastest on this machine")
         self.precision = QComboBox()
         self.draft_precision = QComboBox()
         for combo, default in ((self.precision, LOAD_DEFAULTS.precision), (self.draft_precision, LOAD_DEFAULTS.draft_precision)):
@@ -69,8 +79,12 @@ class ControlsPanel(QTabWidget):
         target_row = QHBoxLayout()
         target_row.addWidget(self.target, 1)
         target_row.addWidget(self.add_model)
+        target_row.addWidget(self.get_models)
+        draft_row = QHBoxLayout()
+        draft_row.addWidget(self.draft, 1)
+        draft_row.addWidget(self.find_draft)
         form.addRow("Target", target_row)
-        form.addRow("Draft", self.draft)
+        form.addRow("Draft", draft_row)
         form.addRow("Target precision", self.precision)
         form.addRow("Draft precision", self.draft_precision)
         form.addRow("KV cache", self.kv_cache)
@@ -195,6 +209,8 @@ class ControlsPanel(QTabWidget):
         self.draft_precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.kv_cache.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.add_model.clicked.connect(self.add_model_requested.emit)
+        self.get_models.clicked.connect(self.get_models_requested.emit)
+        self.find_draft.clicked.connect(self.find_draft_requested.emit)
         self.connect_server.clicked.connect(self.models_changed.emit)
         self.server_url.returnPressed.connect(self.models_changed.emit)
         self.on_server.toggled.connect(self._server_toggled)
@@ -304,6 +320,30 @@ class ControlsPanel(QTabWidget):
             elif not missing and combo.itemText(index).endswith((MISSING, UNREADABLE)):  # added again, found again
                 combo.setItemText(index, label)
                 combo.setItemData(index, None, Qt.ToolTipRole)
+
+    def remove_source(self, source: str) -> None:
+        """A model deleted from disk: out of both pickers, or marked where it is the one chosen."""
+        for combo in (self.target, self.draft):
+            index = combo.findData(source)
+            if index < 0:
+                continue
+            if index == combo.currentIndex():
+                mark(combo, index, MISSING, "deleted from disk")
+            else:
+                combo.removeItem(index)
+
+    def draft_sources(self) -> list[str]:
+        return [self.draft.itemData(index) for index in range(self.draft.count())]
+
+    def show_measured(self, speedups: dict[str, float]) -> None:
+        """Each draft's last measured speed-up with the loaded target beside its name."""
+        for index in range(self.draft.count()):
+            text = MEASURED.sub("", self.draft.itemText(index))
+            speedup = speedups.get(self.draft.itemData(index))
+            if speedup is not None:
+                marks = next((m for m in MARKS if text.endswith(m)), "")
+                text = text[:len(text) - len(marks)] + f"  ({speedup:.2f}x measured)" + marks
+            self.draft.setItemText(index, text)
 
     def mark_draft_incompatible(self, source: str, reason: str) -> None:
         """A draft whose vocabulary differs from the target's: marked and no longer offered."""

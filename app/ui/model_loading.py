@@ -10,8 +10,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QProgressDialog
 
 from ..chat.controller import ModelsReady
-from ..engine.api import LoadOptions
+from ..chat.model_library import ModelLibrary
+from ..engine.api import LOOKUP, LoadOptions, ProposerKind
 from .model_dialog import AddModelDialog
+from .models_dialog import DRAFTS_TAB, ModelsDialog
 from .prepared_dialog import PreparedModelsDialog
 
 if TYPE_CHECKING:
@@ -23,8 +25,13 @@ class ModelLoading:
         self.window = window
         self.progress: QProgressDialog | None = None
         controller, controls = window.controller, window.controls
+        self.library = ModelLibrary(controller)
+        self.models_dialog: ModelsDialog | None = None
         controls.models_changed.connect(self.load)
         controls.add_model_requested.connect(self.add_model)
+        controls.get_models_requested.connect(self.show_models)
+        controls.find_draft_requested.connect(self.find_best_draft)
+        self.library.ranked.connect(lambda ranked: self.show_measured())
         controller.load_progress.connect(self._on_progress)
         controller.models_ready.connect(self._on_ready)
         controller.load_failed.connect(self._on_failed)
@@ -94,6 +101,9 @@ class ModelLoading:
             window.show_error("The draft cannot draft for this target",
                               f"{ready.draft_refused.rstrip('.')}. Meanwhile {ready.target} runs alone, speculating "
                               "by prompt lookup (copying from the conversation).")
+        self.show_measured()
+        if self.models_dialog is not None and self.models_dialog.tabs.currentIndex() == DRAFTS_TAB:
+            self.models_dialog.refresh_drafts()
         window.models_loaded()
 
     def add_model(self) -> None:
@@ -127,3 +137,55 @@ class ModelLoading:
         memory = self.window.controller.memory()
         if memory is not None:
             self.window.acceptance.show_memory(*memory)
+
+    # ---- Get models, pairing and the draft finder -------------------------------------------------
+    def show_models(self, tab: int = 0) -> ModelsDialog:
+        """The Models dialog (non-modal, one per window) on `tab`; returned shown for tests."""
+        if self.models_dialog is None:
+            dialog = self.models_dialog = ModelsDialog(self.library, self.window.controls.draft_sources, self.window)
+            dialog.use_as_target.connect(self.use_as_target)
+            dialog.use_as_draft.connect(self.use_as_draft)
+            dialog.add_to_pickers.connect(lambda sources: [self.add_model_source(source) for source in sources])
+            dialog.removed.connect(self.forget_sources)
+        unchanged = self.models_dialog.tabs.currentIndex() == tab
+        self.models_dialog.tabs.setCurrentIndex(tab)  # a change to the Drafts tab checks its drafts
+        if unchanged and tab == DRAFTS_TAB:
+            self.models_dialog.refresh_drafts()
+        self.models_dialog.show()
+        self.models_dialog.raise_()
+        return self.models_dialog
+
+    def find_best_draft(self) -> ModelsDialog:
+        """The Drafts tab, its drafts checked, then each compatible one measured."""
+        dialog = self.show_models(DRAFTS_TAB)
+        dialog.rank_when_listed = True
+        return dialog
+
+    def show_measured(self) -> None:
+        controls = self.window.controls
+        controls.show_measured(self.library.measured_speedups(controls.draft_sources()))
+
+    def use_as_target(self, source: str) -> None:
+        controls = self.window.controls
+        if controls.target.findData(source) < 0:
+            self.add_model_source(source)
+        controls.target.setCurrentIndex(controls.target.findData(source))  # loads it
+
+    def use_as_draft(self, source: str) -> None:
+        """A draft model, or LOOKUP: prompt lookup with no draft model (no load needed)."""
+        controls = self.window.controls
+        controls.speculative.setChecked(True)
+        if source == LOOKUP:
+            controls.proposer.setCurrentIndex(controls.proposer.findData(ProposerKind.PROMPT_LOOKUP))
+            return
+        controls.proposer.setCurrentIndex(controls.proposer.findData(ProposerKind.DRAFT_MODEL))
+        if controls.draft.findData(source) < 0:
+            self.add_model_source(source)
+        controls.draft.setCurrentIndex(controls.draft.findData(source))  # loads the pair
+
+    def forget_sources(self, sources: list[str]) -> None:
+        """Models deleted from disk: out of the pickers and of the models the window remembers."""
+        extra = self.window.settings.value("extra_models", [], list) or []
+        self.window.settings.setValue("extra_models", [source for source in extra if source not in sources])
+        for source in sources:
+            self.window.controls.remove_source(source)

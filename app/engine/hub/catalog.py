@@ -8,9 +8,14 @@ from urllib.parse import urlparse
 
 from ..choices import Precision
 from .. import memory_check
-from .access import api, cache_dir, in_words
+from .access import HubError, api, cache_dir, in_words
 
 SEARCH_LIMIT = 10  # repositories a search lists (each then asked for its files' sizes)
+# A repository's GGUF taken when none is named and it has several: the common choice of size and quality
+PREFERRED_QUANTIZATIONS = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q4_0", "Q8_0")
+FOLDER_FILES = (".json", ".safetensors", ".model", ".txt", ".tiktoken")  # what a transformers folder needs
+# "Qwen2.5-Coder-1.5B-Instruct" -> "Qwen2.5-Coder": the name up to its size
+_SIZE_IN_NAME = re.compile(r"[-_.]\d+(?:\.\d+)?[BM](?![A-Za-z])", re.IGNORECASE)
 # GGUF quantisation names as files carry them (Q4_K_M, IQ4_XS, Q8_0, F16, BF16)
 _QUANTIZATION = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|F16|BF16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -123,3 +128,44 @@ def fit(size: int | None, held: int = 0) -> str | None:
     if need + held + memory_check.RESERVE > total:
         return f"needs about {need / 2**30:.1f} GiB of memory, this machine has {total / 2**30:.1f} GiB"
     return None
+
+
+def files_to_pull(repo: HubRepo, chosen: str | None = None) -> list[str]:
+    """The files a download of `repo` fetches: the chosen GGUF, the only one, or the preferred
+    quantisation; a transformers folder's config, tokenizer and weights."""
+    if chosen:
+        return [chosen]
+    if repo.ggufs:
+        if len(repo.ggufs) == 1:
+            return [repo.ggufs[0].name]
+        by_quantization = {f.quantization: f.name for f in repo.ggufs}
+        preferred = next((by_quantization[q] for q in PREFERRED_QUANTIZATIONS if q in by_quantization), None)
+        if preferred:
+            return [preferred]
+        raise HubError(f"{repo.id} has several GGUF files; name one: {', '.join(f.name for f in repo.ggufs)}")
+    if repo.is_folder_model:
+        return [f.name for f in repo.files if f.name.endswith(FOLDER_FILES) and "/" not in f.name]
+    raise HubError(f"{repo.id} holds nothing SpecChat can run (no GGUF file, no model folder of a supported architecture).")
+
+
+def family_of(name: str) -> str:
+    """A model's family as its name says it, the name up to its size: "Qwen2.5-Coder"."""
+    base = name.rsplit("/", 1)[-1].removesuffix(".gguf")
+    return _SIZE_IN_NAME.split(base, maxsplit=1)[0] or base
+
+
+def smaller_of_family(name: str, below_bytes: int, limit: int = 5) -> list[tuple[HubRepo, HubFile]]:
+    """Repositories on the hub of the same family as the model `name`, each with its preferred GGUF
+    when that is smaller than below_bytes (drafts to fetch). Raises HubError as search does."""
+    found = []
+    for repo in search(family_of(name), limit=2 * limit):  # (the hub's search: ids that contain the words)
+        if family_of(repo.id).lower() != family_of(name).lower() or not repo.ggufs:
+            continue
+        try:
+            chosen = files_to_pull(repo)[0]
+        except HubError:  # several files, none preferred: its smallest
+            chosen = min(repo.ggufs, key=lambda f: f.size or 0).name
+        file = next(f for f in repo.ggufs if f.name == chosen)
+        if file.size is not None and file.size < below_bytes:
+            found.append((repo, file))
+    return found[:limit]

@@ -88,6 +88,15 @@ def pull(repo_id: str, filename: str, report: Report | None = None, cancel: thre
     return snapshot
 
 
+def pull_model(repo, names: list[str], report: Callable[[str, Progress], None] | None = None,
+               cancel: threading.Event | None = None) -> Path:
+    """Fetches `names` of the repository (catalog.files_to_pull); returns what then loads: the GGUF,
+    or a folder model's snapshot folder."""
+    paths = [pull(repo.id, name, (lambda progress, name=name: report(name, progress)) if report else None, cancel)
+             for name in names]
+    return paths[0] if repo.ggufs else paths[0].parent
+
+
 def _check_disk(partial: Path, size: int | None, filename: str) -> None:
     have = partial.stat().st_size if partial.exists() else 0
     free = memory_check.disk_free(partial.parent)

@@ -106,3 +106,21 @@ def _padded(name: str, value, vocabulary: int):
     if name == "tokenizer.ggml.token_type":
         return value + [int(gguf.TokenType.UNUSED)] * (vocabulary - len(value))
     return value
+
+
+def write_tokenizer(path: Path, tokenizer) -> None:
+    """A GGUF holding only a byte-level BPE tokenizer's entries (a transformers fast tokenizer with an
+    <|endoftext|> token), in llama.cpp's gpt2 layout: for write's tokenizer_from."""
+    import json
+
+    backend = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    vocab = backend["vocab"]
+    words = gguf.GGUFWriter(str(path), "qwen2")
+    words.add_tokenizer_model("gpt2")
+    words.add_tokenizer_pre("qwen2")
+    words.add_token_list([token for token, _ in sorted(vocab.items(), key=lambda item: item[1])])
+    words.add_token_types([1] * len(vocab))
+    words.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in backend["merges"]])
+    words.add_eos_token_id(vocab["<|endoftext|>"])
+    for write in (words.write_header_to_file, words.write_kv_data_to_file, words.write_tensors_to_file, words.close):
+        write()
