@@ -8,8 +8,6 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-GIB = 2**30
-
 
 def add_models_arguments(parser: argparse.ArgumentParser) -> None:
     kinds = parser.add_subparsers(dest="models", required=True)
@@ -191,9 +189,9 @@ def _questions(count: int) -> list[str]:
 
 
 def _size(size: int | None) -> str:
-    if size is None:
-        return "?"
-    return f"{size / GIB:.2f} GB" if size >= GIB else f"{size / 2**20:.0f} MB" if size >= 2**20 else f"{size / 1024:.0f} kB"
+    from .chat.model_library import size_words
+
+    return size_words(size)
 
 
 def _fit_words(reason: str | None) -> str:

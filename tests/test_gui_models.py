@@ -154,3 +154,13 @@ def test_a_model_fetched_in_the_window_chats_and_the_best_draft_is_found(qtbot, 
     assert "freed" in dialog.local_state.text() and dialog.local.topLevelItemCount() == 1
     assert "file not found" in window.controls.draft.currentText()
     assert window.controls.target.findData(target) >= 0 and window.controls.draft.findData(draft) >= 0
+
+    # out of the pickers without deleting: the target in use stays chosen, the draft picker lets it go
+    dialog.local.setCurrentItem(dialog.local.topLevelItem(0))
+    dialog.remove_local.click()
+    assert window.controls.target_source() == target and window.controls.draft.findData(target) < 0
+    assert target not in window.settings.value("extra_models", [], list)
+    dialog.local.setCurrentItem(dialog.local.topLevelItem(0))
+    dialog.add_local.click()
+    assert window.controls.draft.findData(target) >= 0
+

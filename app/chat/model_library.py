@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..engine.api import DEFAULT_MODELS, GenerationOptions, ModelError, call_soon, in_thread, vocabulary_mismatch
 from .events import Event
 from .prompt import chat_prompt_ids
+from .store import StoreError
 
 if TYPE_CHECKING:
     from .controller import ChatController
@@ -146,11 +148,16 @@ class ModelLibrary:
         return [(m.repo_id, m.bytes, partial_bytes(m.repo_id), m.sources()) for m in local_models()]
 
     @staticmethod
-    def remove(repo_id: str) -> int:
-        """Deletes a model from the hub cache; the bytes freed (HubError: why not)."""
+    def remove(repo_id: str) -> tuple[int | None, str]:
+        """Deletes a model from the hub cache: (the bytes freed, None when it could not; what to say)."""
+        from ..engine.hub.access import HubError
         from ..engine.hub.local import remove
 
-        return remove(repo_id)
+        try:
+            freed = remove(repo_id)
+        except HubError as error:
+            return None, str(error)
+        return freed, f"Deleted {repo_id}: {size_words(freed)} freed."
 
     # ---- pairing ----------------------------------------------------------------------------------
     def list_drafts(self, sources: list[str], search_hub: bool = True) -> None:
@@ -160,20 +167,21 @@ class ModelLibrary:
         if engine is None or engine.served_by:
             return
         target, draft, costs, pool = engine.target, engine.draft, engine.costs, self.controller.models
+        chosen = self.controller.loaded_options
 
         def check() -> tuple[list[DraftOption], str]:
             from ..engine.draft_finder import last_measured
 
-            target_bytes = source_bytes(self.controller.loaded_options.target) or target.memory_bytes
+            target_bytes = source_bytes(chosen.target) or target.memory_bytes
             options = []
-            for source in (s for s in sources if s != self.controller.loaded_options.target):
+            for source in (s for s in sources if s != chosen.target):
                 try:
                     reason = vocabulary_mismatch(pool.tokenizer(source), target.tokenizer, Path(source).name or source,
                                                  target.name)
                 except ModelError as error:
                     reason = str(error)
                 size = source_bytes(source)
-                loaded = draft is not None and source == self.controller.loaded_options.draft
+                loaded = draft is not None and source == chosen.draft
                 if loaded and costs.ready:  # measured: one drafted token against a one-token target pass
                     ratio = costs.draft_token / costs.verify_seconds(1)
                 else:  # decoding reads every weight once per token: a pass costs about its bytes
@@ -209,7 +217,10 @@ class ModelLibrary:
             return False
         loop = asyncio.get_running_loop()
         target, chosen, pool = engine.target, self.controller.loaded_options, self.controller.models
-        recent = self.controller.store.recent_questions(RANK_PROMPTS)
+        try:
+            recent = self.controller.store.recent_questions(RANK_PROMPTS)
+        except StoreError:  # a damaged chats file: the built-in questions
+            recent = []
 
         def measure():
             from ..engine.draft_finder import questions, rank_drafts, remember
@@ -234,6 +245,9 @@ class ModelLibrary:
                 self.ranked.emit(await self.controller.turns.hold(lambda: in_thread("rank-drafts", measure)))
             except ModelError as error:
                 self.rank_failed.emit(str(error))
+            except Exception as error:  # said in the dialog, traceback in the log
+                traceback.print_exc()
+                self.rank_failed.emit(f"{type(error).__name__}: {error}")
 
         self.controller.spawn(run())
         return True
@@ -243,6 +257,13 @@ class ModelLibrary:
         if engine is None or engine.served_by:
             return 0
         return engine.target.memory_bytes + (engine.draft.memory_bytes if engine.draft else 0)
+
+
+def size_words(size: int | None) -> str:
+    if size is None:
+        return "?"
+    return f"{size / 2**30:.2f} GB" if size >= 2**30 else f"{size / 2**20:.0f} MB" if size >= 2**20 else \
+        f"{size / 1024:.0f} kB"
 
 
 def hub_drafts(target_name: str, target_bytes: int) -> tuple[list[DraftOption], str]:

@@ -321,16 +321,19 @@ class ControlsPanel(QTabWidget):
                 combo.setItemText(index, label)
                 combo.setItemData(index, None, Qt.ToolTipRole)
 
-    def remove_source(self, source: str) -> None:
-        """A model deleted from disk: out of both pickers, or marked where it is the one chosen."""
+    def remove_source(self, source: str, missing: str | None = None) -> None:
+        """A model out of both pickers, except where it is the one chosen; there `missing` (why its
+        file is gone) marks it."""
         for combo in (self.target, self.draft):
             index = combo.findData(source)
             if index < 0:
                 continue
-            if index == combo.currentIndex():
-                mark(combo, index, MISSING, "deleted from disk")
-            else:
+            if index != combo.currentIndex():
+                combo.blockSignals(True)  # the chosen one stays chosen: nothing to load
                 combo.removeItem(index)
+                combo.blockSignals(False)
+            elif missing:
+                mark(combo, index, MISSING, missing)
 
     def draft_sources(self) -> list[str]:
         return [self.draft.itemData(index) for index in range(self.draft.count())]

@@ -120,7 +120,7 @@ class ModelLoading:
         """Adds a model to both pickers; the controller flags it as a draft when its vocabulary
         differs from the target's, and in both when its tokenizer cannot be read."""
         self.window.controls.add_source(Path(source).name or source, source)
-        extra = self.window.settings.value("extra_models", [], list) or []
+        extra = self._added_sources()
         if source not in extra:
             self.window.settings.setValue("extra_models", [*extra, source])
         self.window.controller.check_source(source)
@@ -142,11 +142,13 @@ class ModelLoading:
     def show_models(self, tab: int = 0) -> ModelsDialog:
         """The Models dialog (non-modal, one per window) on `tab`; returned shown for tests."""
         if self.models_dialog is None:
-            dialog = self.models_dialog = ModelsDialog(self.library, self.window.controls.draft_sources, self.window)
+            dialog = self.models_dialog = ModelsDialog(self.library, self.window.controls.draft_sources,
+                                                       self._added_sources, self.window)
             dialog.use_as_target.connect(self.use_as_target)
             dialog.use_as_draft.connect(self.use_as_draft)
             dialog.add_to_pickers.connect(lambda sources: [self.add_model_source(source) for source in sources])
-            dialog.removed.connect(self.forget_sources)
+            dialog.remove_from_pickers.connect(lambda sources: self.forget_sources(sources, deleted=False))
+            dialog.deleted.connect(self.forget_sources)
         unchanged = self.models_dialog.tabs.currentIndex() == tab
         self.models_dialog.tabs.setCurrentIndex(tab)  # a change to the Drafts tab checks its drafts
         if unchanged and tab == DRAFTS_TAB:
@@ -183,9 +185,12 @@ class ModelLoading:
             self.add_model_source(source)
         controls.draft.setCurrentIndex(controls.draft.findData(source))  # loads the pair
 
-    def forget_sources(self, sources: list[str]) -> None:
-        """Models deleted from disk: out of the pickers and of the models the window remembers."""
-        extra = self.window.settings.value("extra_models", [], list) or []
-        self.window.settings.setValue("extra_models", [source for source in extra if source not in sources])
+    def forget_sources(self, sources: list[str], deleted: bool = True) -> None:
+        """Models out of the pickers and of the models the window remembers; the ones in use stay,
+        marked when their files were deleted."""
+        self.window.settings.setValue("extra_models", [s for s in self._added_sources() if s not in sources])
         for source in sources:
-            self.window.controls.remove_source(source)
+            self.window.controls.remove_source(source, "deleted from disk" if deleted else None)
+
+    def _added_sources(self) -> list[str]:
+        return self.window.settings.value("extra_models", [], list) or []

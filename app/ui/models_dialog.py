@@ -9,19 +9,12 @@ from PySide6.QtWidgets import (QAbstractItemView, QDialog, QHBoxLayout, QHeaderV
                                QProgressBar, QPushButton, QTableWidget, QTableWidgetItem, QTabWidget, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWidget)
 
-from ..chat.model_library import DraftOption, FileOffer, ModelLibrary, RepoOffer
+from ..chat.model_library import DraftOption, FileOffer, ModelLibrary, RepoOffer, size_words
 from ..engine.api import DEFAULT_MODELS, LOOKUP
 
 DRAFTS_TAB = 2
 RANKED_COLUMNS = ["", "Draft", "Speed-up", "Decode", "Accepted", "Tokens/pass", "Memory", "Identical"]
 DRAFT_COLUMNS = ["Draft", "Size", "Cost vs target", "Last measured", "Pairs with the target"]
-
-
-def size_words(size: int | None) -> str:
-    if size is None:
-        return "?"
-    return f"{size / 2**30:.2f} GB" if size >= 2**30 else f"{size / 2**20:.0f} MB" if size >= 2**20 else \
-        f"{size / 1024:.0f} kB"
 
 
 def duration_words(seconds: float | None) -> str:
@@ -37,14 +30,16 @@ def label(source: str) -> str:
 class ModelsDialog(QDialog):
     use_as_target = Signal(str)  # a source to add to the pickers and load as the target
     use_as_draft = Signal(str)  # the same as the draft (LOOKUP: prompt lookup, no draft model)
-    add_to_pickers = Signal(list)  # sources of models in the hub cache
-    removed = Signal(list)  # sources no longer on disk: out of the pickers
+    add_to_pickers = Signal(list)  # sources of models on this machine
+    remove_from_pickers = Signal(list)  # the same, out of the pickers (their files stay)
+    deleted = Signal(list)  # sources no longer on disk: out of the pickers
 
-    def __init__(self, library: ModelLibrary, draft_sources, parent: QWidget | None = None) -> None:
-        """draft_sources() -> the sources the draft picker offers (what pairing checks)."""
+    def __init__(self, library: ModelLibrary, draft_sources, added_sources, parent: QWidget | None = None) -> None:
+        """draft_sources() -> the sources the draft picker offers (what pairing checks);
+        added_sources() -> the models added to the pickers by path."""
         super().__init__(parent)
         self.setWindowTitle("Models")
-        self.library, self.draft_sources = library, draft_sources
+        self.library, self.draft_sources, self.added_sources = library, draft_sources, added_sources
         self.tabs = QTabWidget()
         self.tabs.addTab(self._get_tab(), "Get models")
         self.tabs.addTab(self._local_tab(), "On this machine")
@@ -191,19 +186,21 @@ class ModelsDialog(QDialog):
     def _local_tab(self) -> QWidget:
         page = QWidget()
         self.local = QTreeWidget()
-        self.local.setHeaderLabels(["Model in the hub cache", "On disk", "Unfinished download"])
+        self.local.setHeaderLabels(["Model", "On disk", "Unfinished download"])
         self.local.setAccessibleName("Models on this machine")
         self.local.header().setSectionResizeMode(0, QHeaderView.Stretch)
         self.local_state = QLabel()
         self.local_state.setWordWrap(True)
         self.add_local = QPushButton("Add to the pickers")
+        self.remove_local = QPushButton("Remove from the pickers")
         self.delete_local = QPushButton("Delete from disk...")
         self.add_local.clicked.connect(self._add_selected_local)
+        self.remove_local.clicked.connect(self._remove_selected_local)
         self.delete_local.clicked.connect(self.delete_selected_local)
         buttons = QHBoxLayout()
         buttons.addWidget(self.local_state, 1)
-        buttons.addWidget(self.add_local)
-        buttons.addWidget(self.delete_local)
+        for button in (self.add_local, self.remove_local, self.delete_local):
+            buttons.addWidget(button)
         layout = QVBoxLayout(page)
         layout.addWidget(self.local, 1)
         layout.addLayout(buttons)
@@ -211,18 +208,28 @@ class ModelsDialog(QDialog):
         return page
 
     def refresh_local(self) -> None:
+        """The hub cache's models by repository, then the models added by path (Add model...)."""
         self.local.clear()
+        in_cache = []
         for repo_id, on_disk, unfinished, sources in self.library.local_models():
-            top = QTreeWidgetItem([repo_id, size_words(on_disk), size_words(unfinished) if unfinished else ""])
-            top.setData(0, Qt.UserRole, (repo_id, sources))
-            for source in sources:
-                child = QTreeWidgetItem([source, "", ""])
-                child.setData(0, Qt.UserRole, (repo_id, [source]))
-                top.addChild(child)
-            self.local.addTopLevelItem(top)
-            top.setExpanded(True)
+            self._local_item(repo_id, sources, [repo_id, size_words(on_disk), size_words(unfinished) if unfinished else ""])
+            in_cache += sources
+        added = [source for source in self.added_sources() if source not in in_cache]
+        if added:
+            self._local_item(None, added, ["Added from disk (Add model...)", "", ""])
 
-    def _selected_local(self) -> tuple[str, list[str]] | None:
+    def _local_item(self, repo_id: str | None, sources: list[str], cells: list[str]) -> None:
+        """repo_id: the hub cache repository (None: models added by path, not deleted from here)."""
+        top = QTreeWidgetItem(cells)
+        top.setData(0, Qt.UserRole, (repo_id, sources))
+        for source in sources:
+            child = QTreeWidgetItem([source, "", ""])
+            child.setData(0, Qt.UserRole, (repo_id, [source]))
+            top.addChild(child)
+        self.local.addTopLevelItem(top)
+        top.setExpanded(True)
+
+    def _selected_local(self) -> tuple[str | None, list[str]] | None:
         item = self.local.currentItem()
         return item.data(0, Qt.UserRole) if item is not None else None
 
@@ -232,24 +239,30 @@ class ModelsDialog(QDialog):
             self.add_to_pickers.emit(selected[1])
             self.local_state.setText(f"In the pickers: {', '.join(label(s) for s in selected[1])}")
 
+    def _remove_selected_local(self) -> None:
+        selected = self._selected_local()
+        if selected and selected[1]:
+            self.remove_from_pickers.emit(selected[1])
+            self.local_state.setText(f"Out of the pickers (the files stay): {', '.join(label(s) for s in selected[1])}")
+            self.refresh_local()
+
     def delete_selected_local(self) -> None:
         selected = self._selected_local()
         if selected is None:
             return
         repo_id, sources = selected
+        if repo_id is None:
+            self.local_state.setText("Only models in the hub cache are deleted here; a file added by path stays "
+                                     "where it is (Remove from the pickers takes it out of the list).")
+            return
         asked = QMessageBox.question(self, "Delete from disk", f"Delete {repo_id} from the hub cache?")
         if asked != QMessageBox.Yes:
             return
-        from ..engine.hub.access import HubError
-
-        try:
-            freed = self.library.remove(repo_id)
-        except HubError as error:
-            self.local_state.setText(str(error))
-            return
-        self.local_state.setText(f"Deleted {repo_id}: {size_words(freed)} freed.")
-        self.removed.emit(sources)
-        self.refresh_local()
+        freed, said = self.library.remove(repo_id)
+        self.local_state.setText(said)
+        if freed is not None:
+            self.deleted.emit(sources)
+            self.refresh_local()
 
     # ---- Drafts for the target --------------------------------------------------------------------
     def _drafts_tab(self) -> QWidget:
