@@ -48,25 +48,22 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from .engine.hub.catalog import fit, search
-    from .engine.hub.local import is_here
+    from .chat.model_library import offer_of
+    from .engine.hub.catalog import search
 
     repos = search(args.query, args.limit)
     if not repos:
         print(f"nothing SpecChat can run matches '{args.query}' (GGUF files, or folders of "
               f"Qwen2/Qwen3, Llama or Gemma 2/3 models)")
         return 0
-    for repo in repos:
-        notes = [note for note in ("gated" if repo.gated else "", f"{repo.downloads:,} downloads" if repo.downloads else "") if note]
-        print(f"{repo.id}" + (f"  ({', '.join(notes)})" if notes else ""))
-        if not repo.runnable:
+    for offer in map(offer_of, repos):
+        notes = [note for note in ("gated" if offer.gated else "", f"{offer.downloads:,} downloads" if offer.downloads else "") if note]
+        print(f"{offer.id}" + (f"  ({', '.join(notes)})" if notes else ""))
+        if not offer.files:  # a repository named by its id
             print("  nothing SpecChat can run here")
-        for file in repo.ggufs:
-            print(f"  {file.name:<48} {_size(file.size):>9}  {file.quantization or '':<7} {_fit_words(fit(file.size))}"
-                  + ("  [here]" if is_here(repo.id, file.name) else ""))
-        if not repo.ggufs and repo.is_folder_model:
-            print(f"  (transformers folder) {_size(repo.folder_bytes):>9}  {_fit_words(fit(repo.folder_bytes))}"
-                  + ("  [here]" if is_here(repo.id, "config.json") else ""))
+        for file in offer.files:
+            print(f"  {file.name or '(transformers folder)':<48} {_size(file.size):>9}  {file.quantization or '':<7} "
+                  f"{'fits' if file.too_big is None else f'too big: {file.too_big}'}" + ("  [here]" if file.here else ""))
     return 0
 
 
@@ -192,7 +189,3 @@ def _size(size: int | None) -> str:
     from .chat.model_library import size_words
 
     return size_words(size)
-
-
-def _fit_words(reason: str | None) -> str:
-    return "fits" if reason is None else f"too big: {reason}"

@@ -76,18 +76,9 @@ class ModelLibrary:
         held = self._held_bytes()
 
         def find() -> list[RepoOffer]:
-            from ..engine.hub.catalog import fit, search
-            from ..engine.hub.local import is_here
+            from ..engine.hub.catalog import search
 
-            offers = []
-            for repo in search(query):
-                files = [FileOffer(repo.id, f.name, f.size, f.quantization, fit(f.size, held), is_here(repo.id, f.name))
-                         for f in repo.ggufs]
-                if not files and repo.is_folder_model:
-                    files = [FileOffer(repo.id, None, repo.folder_bytes, None, fit(repo.folder_bytes, held),
-                                       is_here(repo.id, "config.json"))]
-                offers.append(RepoOffer(repo.id, repo.gated, repo.downloads, tuple(files)))
-            return offers
+            return [offer_of(repo, held) for repo in search(query)]
 
         async def run() -> None:
             try:
@@ -257,6 +248,20 @@ class ModelLibrary:
         if engine is None or engine.served_by:
             return 0
         return engine.target.memory_bytes + (engine.draft.memory_bytes if engine.draft else 0)
+
+
+def offer_of(repo, held: int = 0) -> RepoOffer:
+    """What a found repository (catalog.HubRepo) offers: its GGUFs, else its folder model, each with
+    its fit beside `held` bytes of models loaded, and whether it is here."""
+    from ..engine.hub.catalog import fit
+    from ..engine.hub.local import is_here
+
+    files = [FileOffer(repo.id, f.name, f.size, f.quantization, fit(f.size, held), is_here(repo.id, f.name))
+             for f in repo.ggufs]
+    if not files and repo.is_folder_model:
+        files = [FileOffer(repo.id, None, repo.folder_bytes, None, fit(repo.folder_bytes, held),
+                           is_here(repo.id, "config.json"))]
+    return RepoOffer(repo.id, repo.gated, repo.downloads, tuple(files))
 
 
 def size_words(size: int | None) -> str:
