@@ -1,4 +1,5 @@
-"""Models > Get models...: the hub searched and its files fetched (with progress, cancel and resume),
+"""The Models dialog (Get models... beside the target picker, Find the best draft beside the draft
+picker): the hub searched and its files fetched (with progress, cancel and resume),
 the models on this machine with what removing them frees, and the drafts for the loaded target,
 with the draft finder's measured ranking and *Use this pair*. The work is the Qt-free
 chat.model_library's; this only shows it and hands the user's choices on."""
