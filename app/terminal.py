@@ -10,10 +10,18 @@ from .chat.prompt import chat_prompt_ids
 from .engine.api import (FinishReason, GenerationOptions, ModelError, ModelPool, PromptTooLongError, Source,
                          SpeculativeEngine)
 from .engine.flags import chat_options, load_options
+from .ui.theme import DARK
 
-# Okabe-Ito-like colours that stay apart for colour-blind readers.
-ANSI = {Source.ACCEPTED: "\033[38;5;39m", Source.CORRECTED: "\033[38;5;208m", Source.BONUS: "\033[38;5;178m",
-        Source.PLAIN: ""}
+
+
+def _true_colour(hex_colour: str) -> str:
+    red, green, blue = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"\033[38;2;{red};{green};{blue}m"
+
+
+# The window's dark theme's colours (Okabe-Ito: apart for colour-blind readers), in 24-bit colour
+ANSI = {source: _true_colour(DARK.colour(source)) for source in (Source.ACCEPTED, Source.CORRECTED, Source.BONUS)} | {
+    Source.PLAIN: ""}
 RESET = "\033[0m"
 CONTINUE = "/continue"
 # What a model writes may hold control characters: an escape sequence would act on the terminal

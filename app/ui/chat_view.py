@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QUrl, Signal
+from PySide6.QtCore import QTimer, QUrl, Signal
 from PySide6.QtGui import QMouseEvent, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
@@ -70,7 +70,9 @@ class ChatView(QTextBrowser):
         # a long document out in time slices (more of them while the engine keeps the cores busy),
         # so the scroll range grows after a change returns: the view follows it there too.
         self._pinned: int | None = None
+        self._restoring: float | None = None  # a position being restored (restore_position)
         self.verticalScrollBar().rangeChanged.connect(self._follow_growth)
+        self.verticalScrollBar().actionTriggered.connect(lambda action: self._stop_restoring())  # the user scrolls
 
     # ---- whole conversation -------------------------------------------------------------------
     def show_messages(self, messages: list[Message], answer_follows: bool = False) -> None:
@@ -193,8 +195,33 @@ class ChatView(QTextBrowser):
         self._pinned = bar.value()
 
     def _follow_growth(self) -> None:
-        if self._pinned is not None and self.verticalScrollBar().value() == self._pinned:
+        if self._restoring is not None:
+            self._apply_position()
+        elif self._pinned is not None and self.verticalScrollBar().value() == self._pinned:
             self._pin_to_bottom()
+
+    def position(self) -> float:
+        """How far down the conversation is read: 0 at its top, 1 at its end."""
+        bar = self.verticalScrollBar()
+        return 1.0 if bar.maximum() <= 0 else bar.value() / bar.maximum()
+
+    def restore_position(self, fraction: float) -> None:
+        """Scrolls to `fraction` of the conversation (position()), also while Qt lays the rest of a
+        long one out, until the user scrolls (at the end: pinned there, as after show_messages)."""
+        if fraction >= 0.999:
+            self._pin_to_bottom()
+            return
+        self._restoring = fraction
+        self._apply_position()
+        QTimer.singleShot(2000, self._stop_restoring)  # the layout is done by then
+
+    def _apply_position(self) -> None:
+        bar = self.verticalScrollBar()
+        self._pinned = None
+        bar.setValue(round(self._restoring * bar.maximum()))
+
+    def _stop_restoring(self) -> None:
+        self._restoring = None
 
     # ---- tokens and actions -------------------------------------------------------------------
     def token_at(self, href: str) -> TokenRecord | None:

@@ -60,7 +60,7 @@ class ControlsPanel(QTabWidget):
             combo.setCurrentIndex(combo.findData(default.value))
         self.precision.setToolTip("CPU weights of the target. Low-bit runs the GGUF's own 4-8 bit blocks (fast, small),\n"
                                   "and a model folder's weights quantized to 8 bits; fp32 is the dequantized reference.\n"
-                                  "CUDA always runs bfloat16.")
+                                  "On a GPU each model runs as one float model (the Device row says its dtype).")
         self.draft_precision.setToolTip("CPU weights of the draft. A cheaper draft never changes the answer:\n"
                                         "only the target decides what is emitted.")
         self.kv_cache = QComboBox()
@@ -106,6 +106,11 @@ class ControlsPanel(QTabWidget):
         served_row = QHBoxLayout()
         served_row.addWidget(self.server_model, 1)
         served_row.addWidget(self.server_state, 1)
+        # rows of several widgets: each named for a screen reader (a single field takes its label's)
+        for widget, name in ((self.target, "Target model"), (self.draft, "Draft model"),
+                             (self.on_server, "Use a server for the target"), (self.server_url, "Server address"),
+                             (self.server_model, "Served model")):
+            widget.setAccessibleName(name)
         form.addRow("Server", server_row)
         form.addRow("Served model", served_row)
         form.addRow("Device", self.device)
@@ -189,7 +194,7 @@ class ControlsPanel(QTabWidget):
                  ("Seed", self.seed)]
         for index, (label, field) in enumerate(pairs):
             row, column = divmod(index, 2)
-            grid.addWidget(QLabel(label), row, 2 * column)
+            grid.addWidget(QLabel(label, buddy=field), row, 2 * column)  # (a form row's label names its field)
             grid.addWidget(field, row, 2 * column + 1)
         # Only where the target's chat template can switch it (Qwen3); the window enables it then
         self.thinking = QCheckBox("Thinking (reasoning models that can switch it)")

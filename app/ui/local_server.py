@@ -97,6 +97,9 @@ class LocalServer:
         listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             listening.bind(("127.0.0.1", self.port))
+            # listening from now: a client that connects before uvicorn's task first runs waits in
+            # the backlog instead of being refused
+            listening.listen(128)
         except OSError as error:
             listening.close()
             self.action.setChecked(False)

@@ -3,6 +3,7 @@ the chat and the generation (chat/controller.py). Nothing here decides what to g
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
@@ -14,6 +15,7 @@ from ..chat.export import to_markdown
 from ..chat.session import RequestKind
 from ..chat.store import ChatStore, StoreError
 from . import settings as window_settings
+from .chat_list import WHEN_ROLE, day_words
 from .event_loop import qt_event_loop
 from .local_server import LocalServer
 from .message_actions import MessageActions
@@ -62,9 +64,13 @@ class MainWindow(QMainWindow):
         for source in self.settings.value("extra_models", [], list) or []:  # a file gone since is marked, not dropped
             self.controls.add_source(Path(source).name or source, source, missing=missing_reason(source))
         window_settings.restore(self.settings, window_settings.window_settings(self))
-        self.controller.new_chat(self.default_system_prompt())
+        reopened = self._reopen_last_chat()
         self._connect()
         self.apply_view_options()
+        if reopened:
+            self._show_chat()
+            position = self.settings.value(window_settings.CHAT_POSITION, 1.0, float)
+            QTimer.singleShot(0, lambda: self.chat_view.restore_position(position))
         self.refresh_chat_list()
         self.set_busy(False)
         if store.damaged_copy is not None:
@@ -86,6 +92,13 @@ class MainWindow(QMainWindow):
         file_menu.addAction("Export chat as Markdown...", QKeySequence("Ctrl+E"), self.export_markdown)
         file_menu.addAction("Default system prompt...", self.edit_default_system_prompt)
         file_menu.addAction("Prepared models on disk...", self.models.show_prepared_models)
+        file_menu.addAction("Get models...", QKeySequence("Ctrl+Shift+M"), self.models.show_models)
+        file_menu.addSeparator()
+        file_menu.addAction("Search chats", QKeySequence.Find, self.search.setFocus)
+        file_menu.addAction("Rename chat...", QKeySequence("F2"), self.rename_chat)
+        file_menu.addAction("Delete chat...", QKeySequence("Ctrl+Shift+D"), self.delete_chat)
+        file_menu.addAction("Next chat", QKeySequence("Ctrl+PgDown"), lambda: self.open_next_chat(1))
+        file_menu.addAction("Previous chat", QKeySequence("Ctrl+PgUp"), lambda: self.open_next_chat(-1))
         file_menu.addSeparator()
         file_menu.addAction("Quit", QKeySequence.Quit, self.close)
         view_menu = self.menuBar().addMenu("&View")
@@ -149,6 +162,21 @@ class MainWindow(QMainWindow):
     # ---- appearance ---------------------------------------------------------------------------
     def save_settings(self) -> None:
         window_settings.save(self.settings, window_settings.window_settings(self))
+        # where the user was: the chat open (a new, unsaved one: none), and how far down it was read
+        self.settings.setValue(window_settings.OPEN_CHAT, self.conversation.id if self.conversation.id is not None else -1)
+        self.settings.setValue(window_settings.CHAT_POSITION, self.chat_view.position())
+        self.settings.sync()
+
+    def _reopen_last_chat(self) -> bool:
+        """The chat open at the last exit, else (none, or deleted since) a new one."""
+        chat_id = self.settings.value(window_settings.OPEN_CHAT, -1, int)
+        try:
+            if chat_id >= 0 and self.controller.open_chat(chat_id):
+                return True
+        except (StoreError, KeyError):  # damaged or gone: a new chat, as at a first start
+            pass
+        self.controller.new_chat(self.default_system_prompt())
+        return False
 
     @property
     def theme(self):
@@ -205,21 +233,28 @@ class MainWindow(QMainWindow):
         except StoreError as error:  # the file damaged or gone from under the app: said, the window goes on
             self.show_error("Could not read the chats", str(error))
             return
-        for chat_id, title, _ in chats:
+        today = datetime.now().date()
+        for chat_id, title, updated in chats:
             item = QListWidgetItem(title)
             item.setData(Qt.UserRole, chat_id)
+            when = day_words(datetime.fromtimestamp(updated).date(), today)
+            item.setData(WHEN_ROLE, when)
+            item.setData(Qt.AccessibleTextRole, f"{title}, {when}")
             self.chat_list.addItem(item)
             item.setSelected(chat_id == self.conversation.id)
 
     def _chat_changed(self) -> None:
         self.messages.cancel_edit()
+        self._show_chat()
+        self.refresh_chat_list()
+        self.set_busy(False)
+        self._read_ahead_timer.start()  # a message already typed goes to this chat now
+
+    def _show_chat(self) -> None:
         self.chat_view.show_messages(self.conversation.messages)
         answer = self.controller.session.last_answer()
         if answer is not None:
             self.acceptance.show_stats(answer.stats)
-        self.refresh_chat_list()
-        self.set_busy(False)
-        self._read_ahead_timer.start()  # a message already typed goes to this chat now
 
     def new_chat(self) -> None:
         if self.controller.new_chat(self.default_system_prompt()):
@@ -235,6 +270,14 @@ class MainWindow(QMainWindow):
             return
         if opened:
             self._chat_changed()
+
+    def open_next_chat(self, step: int) -> None:
+        """The chat below (step 1) or above (-1) the open one in the list; from a new chat, the first."""
+        ids = [self.chat_list.item(row).data(Qt.UserRole) for row in range(self.chat_list.count())]
+        if not ids or self.controller.session.busy:
+            return
+        here = ids.index(self.conversation.id) if self.conversation.id in ids else -1 if step > 0 else len(ids)
+        self.open_chat(ids[max(0, min(len(ids) - 1, here + step))])
 
     def rename_chat(self) -> None:
         if self.conversation.id is not None:
@@ -287,6 +330,9 @@ class MainWindow(QMainWindow):
         for widget in (c.add_model, self.chat_list, self.new_button, self.delete_button, c.target, c.draft,
                        c.precision, c.draft_precision, c.kv_cache, c.on_server):
             widget.setEnabled(not busy)
+        saved = self.conversation.id is not None  # a new chat is saved with its first message
+        self.rename_button.setEnabled(saved)
+        self.delete_button.setEnabled(saved and not busy)
 
     def send(self, text: str) -> None:
         controller = self.controller

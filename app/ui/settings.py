@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 WINDOW_GEOMETRY = "geometry"
 SPLITTER_KEYS = ("columns", "right_column")
 LAYOUT_KEYS = (WINDOW_GEOMETRY, *SPLITTER_KEYS)  # the settings that place the window
+OPEN_CHAT, CHAT_POSITION = "open_chat", "chat_position"  # the chat reopened at the next start, and where
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ def window_settings(window: MainWindow) -> list[Setting]:
         Setting("theme", str, lambda: window.theme.name, lambda value: window.dark_action.setChecked(value == "dark")),
         checkbox("read_ahead", window.read_ahead_action),
         Setting("text_size", int, lambda: window.text_size, window.set_text_size),
+        Setting("message", str, window.composer.toPlainText, window.composer.setPlainText),  # typed, not sent
         Setting(WINDOW_GEOMETRY, QByteArray, window.saveGeometry, window.restoreGeometry),
         *(Setting(key, QByteArray, splitter.saveState, splitter.restoreState)
           for key, splitter in window.splitters.items()),

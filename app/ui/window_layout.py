@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (QCheckBox, QFrame, QHBoxLayout, QLabel, QLineEdit
 
 from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
+from .chat_list import ChatListDelegate
 from .composer import Composer
 from .controls import ControlsPanel
 from .token_html import RenderOptions
@@ -35,6 +36,7 @@ def build_layout(window: MainWindow) -> None:
     window.chat_list = QListWidget()
     window.chat_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
     window.chat_list.setTextElideMode(Qt.ElideRight)
+    window.chat_list.setItemDelegate(ChatListDelegate(window.chat_list))
     buttons = QHBoxLayout()
     window.new_button, window.rename_button, window.delete_button = (
         QPushButton("New"), QPushButton("Rename"), QPushButton("Delete"))
@@ -42,6 +44,15 @@ def build_layout(window: MainWindow) -> None:
         buttons.addWidget(button)
     side.addWidget(window.search)
     side.addWidget(window.chat_list, 1)
+    # names a screen reader says (the pickers and fields of the forms take theirs from their labels)
+    for widget, name, description in (
+            (window.search, "Search chats", "Shows the chats whose title or messages hold the words"),
+            (window.chat_list, "Chats", "The saved chats, newest first"),
+            (window.chat_view, "Conversation", "The chat's messages; each answer's tokens are coloured by "
+                                               "where they came from: accepted, corrected, bonus or plain"),
+            (window.composer, "Message", "Enter sends, Shift+Enter starts a new line, Esc stops the answer")):
+        widget.setAccessibleName(name)
+        widget.setAccessibleDescription(description)
     side.addLayout(buttons)
 
     center = QWidget()

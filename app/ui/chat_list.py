@@ -1,0 +1,40 @@
+"""The chat list's rows: each chat's title, elided, and the day it was last written in (Today,
+Yesterday, then the date), right-aligned and muted, as other chat apps list them."""
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem
+
+WHEN_ROLE = Qt.UserRole + 1  # the row's day in words
+_GAP = 8  # pixels between the title and the day
+
+
+def day_words(day: date, today: date) -> str:
+    if day == today:
+        return "Today"
+    if day == today - timedelta(days=1):
+        return "Yesterday"
+    return f"{day.day} {day:%b}" + (f" {day.year}" if day.year != today.year else "")
+
+
+class ChatListDelegate(QStyledItemDelegate):
+    def paint(self, painter, option, index) -> None:
+        when = index.data(WHEN_ROLE)
+        if not when:
+            super().paint(painter, option, index)
+            return
+        widget = option.widget
+        style = widget.style() if widget is not None else None
+        if style is not None:  # the row's selection and hover background, across the whole row
+            style.drawPrimitive(QStyle.PE_PanelItemViewItem, option, painter, widget)
+        title = QStyleOptionViewItem(option)
+        title.rect = option.rect.adjusted(0, 0, -(option.fontMetrics.horizontalAdvance(when) + 2 * _GAP), 0)
+        super().paint(painter, title, index)
+        painter.save()
+        selected = option.state & QStyle.State_Selected
+        painter.setPen(option.palette.color(QPalette.HighlightedText if selected else QPalette.PlaceholderText))
+        painter.drawText(option.rect.adjusted(0, 0, -_GAP, 0), Qt.AlignRight | Qt.AlignVCenter, when)
+        painter.restore()

@@ -1,0 +1,159 @@
+"""What a user of a desktop chat app expects of the window, through pytest-qt on tiny models."""
+import pytest
+
+from app.chat.store import ChatStore
+
+from tests.test_gui import close_window, make_window, send_and_wait, tiny_models  # noqa: F401 (fixtures)
+
+pytest.importorskip("pytestqt")
+
+
+def test_the_last_chat_reopens_with_the_message_being_typed(qtbot, make_window):
+    window = make_window()
+    send_and_wait(qtbot, window, "t1 t2 t3")
+    send_and_wait(qtbot, window, "t4 t5")
+    chat_id, shown = window.conversation.id, [m.content for m in window.conversation.messages]
+    window.composer.setPlainText("t7 half typed")
+    close_window(window)
+
+    again = make_window()
+    assert again.conversation.id == chat_id
+    assert [m.content for m in again.conversation.messages] == shown
+    assert again.chat_view.messages == again.conversation.messages  # shown, not only loaded
+    assert again.composer.toPlainText() == "t7 half typed"
+    assert again.chat_list.selectedItems()[0].text() == again.conversation.title
+
+    # deleted meanwhile (by another window on the same file): a new chat, as at a first start
+    close_window(again)
+    other = ChatStore(again.store.path)
+    other.delete_chat(chat_id)
+    other.close()
+    with_chat_gone = make_window()
+    assert with_chat_gone.conversation.id is None and not with_chat_gone.conversation.messages
+
+
+def test_a_chat_read_halfway_reopens_there(qtbot, make_window):
+    window = make_window(max_new_tokens=200)
+    window.resize(900, 500)
+    for _ in range(3):
+        send_and_wait(qtbot, window, "t1 t2 t3 t4 t5 t6 t7 t8")
+    bar = window.chat_view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0, timeout=5000)
+    bar.setValue(bar.maximum() // 2)
+    read = window.chat_view.position()
+    assert 0.3 < read < 0.7
+    close_window(window)
+
+    again = make_window(max_new_tokens=200)
+    qtbot.waitUntil(lambda: again.chat_view.verticalScrollBar().maximum() > 0, timeout=5000)
+    qtbot.waitUntil(lambda: abs(again.chat_view.position() - read) < 0.05, timeout=5000)
+
+
+def test_rename_and_delete_wait_for_a_chat_that_is_saved(qtbot, make_window):
+    window = make_window()
+    assert window.conversation.id is None
+    assert not window.rename_button.isEnabled() and not window.delete_button.isEnabled()
+    send_and_wait(qtbot, window)
+    assert window.rename_button.isEnabled() and window.delete_button.isEnabled()
+    window.new_chat()
+    assert not window.rename_button.isEnabled()
+
+
+def test_the_markdown_export_keeps_the_system_prompt_and_tells_no_acceptance_of_a_plain_answer(qtbot, make_window):
+    from app.chat.export import to_markdown
+
+    window = make_window(speculative=False)
+    window.controller.set_system_prompt("Answer in t-words.")
+    send_and_wait(qtbot, window)
+    exported = to_markdown(window.conversation)
+    assert "**System prompt:**\n\nAnswer in t-words." in exported
+    assert "plain" in exported and "acceptance" not in exported
+    window.controls.speculative.setChecked(True)
+    send_and_wait(qtbot, window)
+    assert to_markdown(window.conversation).count("acceptance") == 1  # the speculative answer's
+
+
+def test_the_terminal_colours_tokens_as_the_window_does():
+    from app.engine.api import Source
+    from app.terminal import ANSI
+    from app.ui.theme import DARK
+
+    for source in (Source.ACCEPTED, Source.CORRECTED, Source.BONUS):
+        red, green, blue = (int(DARK.colour(source)[i:i + 2], 16) for i in (1, 3, 5))
+        assert ANSI[source] == f"\033[38;2;{red};{green};{blue}m"
+
+
+def test_no_tooltip_says_the_gpu_runs_only_bfloat16(make_window):
+    window = make_window()
+    assert "always runs bfloat16" not in window.controls.precision.toolTip()
+
+
+def unnamed_controls(root, tabs=()):
+    """The interactive widgets under `root`, as shown on each page of each of `tabs`, whose
+    accessibility interface gives no name (what a screen reader would say nothing for)."""
+    from PySide6.QtGui import QAccessible
+    from PySide6.QtWidgets import (QAbstractButton, QAbstractItemView, QAbstractSpinBox, QComboBox, QLineEdit,
+                                   QPlainTextEdit, QTabBar, QTextEdit, QWidget)
+
+    interactive = (QAbstractButton, QComboBox, QLineEdit, QTextEdit, QPlainTextEdit, QAbstractSpinBox,
+                   QAbstractItemView, QTabBar)
+    unnamed = set()
+    for tab_widget in tabs or [None]:
+        for page in range(tab_widget.count() if tab_widget else 1):
+            if tab_widget:
+                tab_widget.setCurrentIndex(page)
+            for widget in root.findChildren(QWidget):
+                # a spin box's own line edit, a table's header: parts of the control named
+                inner = isinstance(widget.parent(), (QAbstractSpinBox, QComboBox, QAbstractItemView))
+                if isinstance(widget, interactive) and widget.isVisibleTo(root) and not inner:
+                    interface = QAccessible.queryAccessibleInterface(widget)
+                    if not (interface and interface.text(QAccessible.Name).strip()):
+                        unnamed.add(f"{type(widget).__name__} {widget.toolTip()[:30]!r}")
+    return unnamed
+
+
+def test_every_control_has_a_name_a_screen_reader_says(qtbot, make_window):
+    window = make_window()
+    assert not unnamed_controls(window, [window.controls])
+    dialog = window.models.show_models()
+    assert not unnamed_controls(dialog, [dialog.tabs])
+
+
+def test_chats_are_listed_with_their_day():
+    from datetime import date
+
+    from app.ui.chat_list import day_words
+
+    today = date(2026, 12, 7)
+    assert [day_words(d, today) for d in (date(2026, 12, 7), date(2026, 12, 6), date(2026, 11, 30),
+                                          date(2025, 12, 7))] == ["Today", "Yesterday", "30 Nov", "7 Dec 2025"]
+
+
+def test_the_chat_list_has_dates_and_shortcuts_from_the_message_box(qtbot, make_window, monkeypatch):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QInputDialog, QMessageBox
+
+    from app.ui.chat_list import WHEN_ROLE
+
+    window = make_window()
+    for text in ("t1 first", "t2 second"):
+        window.new_chat()
+        send_and_wait(qtbot, window, text)
+    newest = window.chat_list.item(0)
+    assert newest.data(WHEN_ROLE) == "Today" and newest.data(Qt.AccessibleTextRole) == "t2 second, Today"
+    second, first = (window.chat_list.item(row).data(Qt.UserRole) for row in (0, 1))  # newest first
+    window.activateWindow()  # (window shortcuts go to the active window)
+    qtbot.waitUntil(window.isActiveWindow, timeout=5000)
+    window.composer.setFocus()
+    qtbot.keyClick(window.composer, Qt.Key_PageDown, Qt.ControlModifier)  # next chat: the older one
+    assert window.conversation.id == first
+    qtbot.keyClick(window.composer, Qt.Key_PageUp, Qt.ControlModifier)
+    assert window.conversation.id == second
+    monkeypatch.setattr(QInputDialog, "getText", staticmethod(lambda *args, **kwargs: ("renamed", True)))
+    qtbot.keyClick(window.composer, Qt.Key_F2)
+    assert window.conversation.title == "renamed" and window.chat_list.item(0).text() == "renamed"
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: QMessageBox.Yes))
+    qtbot.keyClick(window.composer, Qt.Key_D, Qt.ControlModifier | Qt.ShiftModifier)
+    assert window.chat_list.count() == 1 and window.conversation.id is None
+    qtbot.keyClick(window.composer, Qt.Key_F, Qt.ControlModifier)
+    assert window.search.hasFocus()
