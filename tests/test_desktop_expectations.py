@@ -1,4 +1,6 @@
 """What a user of a desktop chat app expects of the window, through pytest-qt on tiny models."""
+import json
+
 import pytest
 
 from app.chat.store import ChatStore
@@ -157,3 +159,117 @@ def test_the_chat_list_has_dates_and_shortcuts_from_the_message_box(qtbot, make_
     assert window.chat_list.count() == 1 and window.conversation.id is None
     qtbot.keyClick(window.composer, Qt.Key_F, Qt.ControlModifier)
     assert window.search.hasFocus()
+
+
+def test_a_chat_exported_as_json_imports_back_exactly_colours_included(qtbot, make_window, tmp_path):
+    from tests.test_gui import token_fragments
+
+    window = make_window(max_new_tokens=12, temperature=0.8, sampling_seed=7)
+    window.controller.set_system_prompt("Answer in t-words.")
+    send_and_wait(qtbot, window, "t1 t2 t3")
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.regenerate_button.click()  # a second version
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.compare_button.click()  # Compare's result and the seed, in the stats
+    original = window.conversation
+    assert original.messages[-1].stats.comparison is not None and len(original.messages[-1].versions) == 2
+    colours = token_fragments(window)
+    window.export_json(str(tmp_path / "chat.json"))
+    exported = json.loads((tmp_path / "chat.json").read_text())
+    answer = exported["messages"][-1]
+    assert [t["id"] for t in answer["tokens"]] == list(original.messages[-1].stats.token_ids)
+    assert {"text", "source", "p_target", "p_draft"} <= set(answer["tokens"][0])
+    assert json.loads(answer["stats"]["made_with"])["seed"] == 7
+
+    window.import_chat(str(tmp_path / "chat.json"))
+    imported = window.conversation
+    assert imported.id != original.id and window.chat_list.count() == 2
+    assert (imported.title, imported.system_prompt) == (original.title, original.system_prompt)
+    kept = lambda m: (m.role, m.content, m.tokens, m.stats, m.versions, m.shown, m.created)
+    assert [kept(m) for m in imported.messages] == [kept(m) for m in original.messages]
+    assert token_fragments(window) == colours
+    window.open_chat(imported.id)  # as saved, read back from the file of chats
+    assert [kept(m) for m in window.conversation.messages] == [kept(m) for m in original.messages]
+
+    # a file that is no chat: said in one line, nothing changes
+    (tmp_path / "other.json").write_text('{"messages": []}')
+    window.import_chat(str(tmp_path / "other.json"))
+    assert "Not a chat exported by SpecChat" in window.last_error and window.chat_list.count() == 2
+    (tmp_path / "cut.json").write_text((tmp_path / "chat.json").read_text()[:500])
+    window.import_chat(str(tmp_path / "cut.json"))
+    assert "Not a JSON file" in window.last_error and window.chat_list.count() == 2
+
+
+def test_accepted_tokens_can_be_told_apart_other_than_by_colour(qtbot, make_window):
+    from PySide6.QtGui import QTextCharFormat
+
+    window = make_window(k=3, adaptive=False, lookup=False)
+    send_and_wait(qtbot, window)
+
+    def underline_by_source():
+        found = {}
+        block = window.chat_view.document().begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                fragment = it.fragment()
+                token = window.chat_view.token_at(fragment.charFormat().anchorHref())
+                if token is not None and fragment.text().strip():
+                    found.setdefault(token.source.value, set()).add(fragment.charFormat().underlineStyle())
+                it += 1
+            block = block.next()
+        return found
+
+    assert underline_by_source()["accepted"] == {QTextCharFormat.NoUnderline}
+    window.marks_action.setChecked(True)
+    assert underline_by_source()["accepted"] == {QTextCharFormat.DotLine}
+    assert "text-underline-style:dotted" in window.legend.text()
+
+
+def test_fork_from_any_message_keeps_the_original_and_outlives_it(qtbot, make_window, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    window = make_window(max_new_tokens=8)
+    send_and_wait(qtbot, window, "t1 t2")
+    send_and_wait(qtbot, window, "t3 t4")
+    original = window.conversation
+    assert 'act:fork:1:0' in window.chat_view.toHtml()  # a fork link under each message
+    window.messages.on_message_action("fork", 1, 0)  # from the second message: the first answer
+    fork = window.conversation
+    assert fork.id != original.id and fork.title == f"{original.title} (fork)" and fork.parent_id == original.id
+    assert [m.content for m in fork.messages] == [m.content for m in original.messages[:2]]
+    assert [m.tokens for m in fork.messages] == [m.tokens for m in original.messages[:2]]  # colours too
+    assert len(ChatStore(window.store.path).load_chat(original.id).messages) == 4  # the original is whole
+    rows = [window.chat_list.item(r).text() for r in range(window.chat_list.count())]
+    assert rows == [original.title, f"\u21b3 {fork.title}"]  # under the chat it was made from
+    send_and_wait(qtbot, window, "t5")  # the fork goes on from there
+    assert len(window.conversation.messages) == 4 and window.conversation.messages[2].content == "t5"
+
+    window.open_chat(original.id)
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *args, **kwargs: QMessageBox.Yes))
+    window.delete_chat()
+    assert [window.chat_list.item(r).text() for r in range(window.chat_list.count())] == [fork.title]
+    assert ChatStore(window.store.path).load_chat(fork.id).parent_id is None
+
+
+def test_flipping_an_earlier_answer_forks_instead_of_changing_the_later_turns_context(qtbot, make_window):
+    window = make_window(max_new_tokens=8, temperature=1.0)
+    send_and_wait(qtbot, window, "t1 t2")
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.regenerate_button.click()
+    send_and_wait(qtbot, window, "t3 t4")
+    original = window.conversation
+    first_answer = original.messages[1]
+    assert first_answer.shown == 1 and 'act:version:1:0' in window.chat_view.toHtml()
+    window.messages.on_message_action("version", 1, 0)
+    fork = window.conversation
+    assert fork.id != original.id and len(fork.messages) == 2 and fork.messages[1].shown == 0
+    assert fork.messages[1].content == first_answer.versions[0].content
+    kept = ChatStore(window.store.path).load_chat(original.id)
+    assert kept.messages[1].shown == 1 and len(kept.messages) == 4  # the later turn keeps its context
+    # the last answer still flips in place
+    window.open_chat(original.id)
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.regenerate_button.click()
+    window.messages.on_message_action("version", 3, 0)
+    assert window.conversation.id == original.id and window.conversation.messages[3].shown == 0

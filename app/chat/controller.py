@@ -223,6 +223,30 @@ class ChatController:
         self.session.open_chat(chat_id)
         return True
 
+    def import_chat(self, conversation) -> bool:
+        """A chat read from a file (export.from_json) saved as a new chat and opened; False while an
+        answer runs or when it cannot be saved (said by `error`)."""
+        if self.session.busy:
+            return False
+
+        conversation.id = None
+        if not self._save(lambda: self.store.save_chat(conversation)):
+            return False
+        self.session.open_chat(conversation.id)
+        return True
+
+    def fork(self, index: int, shown: int | None = None) -> bool:
+        """A new chat with this one's messages up to messages[index] (shown: the version that
+        message shows there), saved with a link to this one and opened; False while an answer runs
+        or when it cannot be saved (said by `error`)."""
+        if self.session.busy or self.conversation.id is None or not 0 <= index < len(self.conversation.messages):
+            return False
+        forked = self.conversation.fork(index, shown)
+        if not self._save(lambda: self.store.save_chat(forked)):
+            return False
+        self.session.open_chat(forked.id)
+        return True
+
     def rename_chat(self, title: str) -> None:
         if self.conversation.id is not None and title.strip():
             self.conversation.title = title.strip()
@@ -243,9 +267,16 @@ class ChatController:
         self.session.set_system_prompt(text)
         self._report_save_errors()
 
-    def show_version(self, index: int, version: int) -> None:
+    def show_version(self, index: int, version: int) -> bool:
+        """Shows another version of the answer at messages[index]; True when that made a fork.
+        The last answer flips in place; an earlier one forks, showing that version there, so
+        that the turns after it keep the context they were answered in."""
+        message = self.conversation.messages[index]
+        if index < len(self.conversation.messages) - 1 and version != message.shown:
+            return self.fork(index, version)
         self.session.show_version(index, version)
         self._report_save_errors()
+        return False
 
     def _forget_deleted_chats(self) -> None:
         """Forgets the deleted chats' caches on a thread, in a turn at the engine of its own."""

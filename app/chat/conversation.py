@@ -1,6 +1,7 @@
 """Conversations as plain data: messages with per-token provenance and stats."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass, field, fields
 
@@ -169,6 +170,18 @@ class Conversation:
     id: int | None = None
     updated: float = field(default_factory=time.time)
     system_prompt: str = ""  # sent before the messages when not empty
+    parent_id: int | None = None  # the chat this one was forked from
+
+    def fork(self, upto: int, shown: int | None = None) -> Conversation:
+        """A new chat (not yet saved) with this one's messages up to and including messages[upto],
+        named after it; shown: the version that message shows in the fork."""
+        messages = [copy.deepcopy(m) for m in self.messages[:upto + 1]]
+        for message in messages:
+            message.id = None
+        if shown is not None:
+            messages[-1].show(shown)
+        return Conversation(title=f"{self.title} (fork)", messages=messages, system_prompt=self.system_prompt,
+                            parent_id=self.id)
 
     def prompt_messages(self, upto: int | None = None) -> list[dict[str, str]]:
         """The chat as the model sees it: the system prompt, then messages[:upto]."""

@@ -45,6 +45,7 @@ ADDED_COLUMNS = [
     ("chats", "system_prompt", "TEXT NOT NULL DEFAULT ''"),
     ("messages", "versions", "TEXT NOT NULL DEFAULT '[]'"),
     ("messages", "shown", "INTEGER NOT NULL DEFAULT 0"),
+    ("chats", "parent_id", "INTEGER"),  # the chat a fork was made from (not a foreign key: forks outlive it)
 ]
 
 
@@ -140,8 +141,27 @@ class ChatStore:
             return db.execute(sql, args).lastrowid
 
     def create_chat(self, conversation: Conversation) -> None:
-        conversation.id = self._write("INSERT INTO chats (title, updated, system_prompt) VALUES (?, ?, ?)",
-                                      (conversation.title, conversation.updated, conversation.system_prompt))
+        conversation.id = self._write("INSERT INTO chats (title, updated, system_prompt, parent_id) VALUES (?, ?, ?, ?)",
+                                      (conversation.title, conversation.updated, conversation.system_prompt,
+                                       conversation.parent_id))
+
+    def save_chat(self, conversation: Conversation) -> None:
+        """A whole chat saved as a new one, in one transaction (a fork, an import)."""
+        with self._transaction("the chat") as db:
+            conversation.id = db.execute(
+                "INSERT INTO chats (title, updated, system_prompt, parent_id) VALUES (?, ?, ?, ?)",
+                (conversation.title, conversation.updated, conversation.system_prompt, conversation.parent_id)).lastrowid
+            for message in conversation.messages:
+                message.id = db.execute(
+                    "INSERT INTO messages (chat_id, role, content, tokens, stats, created, versions, shown) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (conversation.id, message.role, message.content, json.dumps(message.tokens_as_dicts()),
+                     _stats_json(message), message.created, _versions_json(message), message.shown)).lastrowid
+
+    def forks(self) -> dict[int, int]:
+        """{fork's id: the id of the chat it was made from} (a parent deleted since: not listed)."""
+        with self._reading("the chats") as db:
+            return dict(db.execute("SELECT c.id, c.parent_id FROM chats c JOIN chats p ON p.id = c.parent_id"))
 
     def add_message(self, conversation: Conversation, message: Message) -> None:
         if conversation.id is None:
@@ -182,7 +202,10 @@ class ChatStore:
         self._write("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
 
     def delete_chat(self, chat_id: int) -> None:
-        self._write("DELETE FROM chats WHERE id = ?", (chat_id,))
+        """Deletes a chat and its messages; its forks stay, as chats of their own."""
+        with self._transaction("the deletion") as db:
+            db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+            db.execute("UPDATE chats SET parent_id = NULL WHERE parent_id = ?", (chat_id,))
 
     def list_chats(self, search: str = "") -> list[tuple[int, str, float]]:
         """(id, title, updated), newest first; `search` matches titles and message text."""
@@ -205,12 +228,12 @@ class ChatStore:
 
     def load_chat(self, chat_id: int) -> Conversation:
         with self._reading("the chat") as db:
-            row = db.execute("SELECT title, updated, system_prompt FROM chats WHERE id = ?", (chat_id,)).fetchone()
+            row = db.execute("SELECT title, updated, system_prompt, parent_id FROM chats WHERE id = ?", (chat_id,)).fetchone()
             if row is None:
                 raise KeyError(chat_id)
             rows = db.execute("SELECT id, role, content, tokens, stats, created, versions, shown FROM messages "
                               "WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
-        conversation = Conversation(title=row[0], id=chat_id, updated=row[1], system_prompt=row[2])
+        conversation = Conversation(title=row[0], id=chat_id, updated=row[1], system_prompt=row[2], parent_id=row[3])
         for message_id, role, content, tokens, stats, created, versions, shown in rows:
             conversation.messages.append(Message(
                 role=role, content=content, tokens=[TokenRecord(**t) for t in json.loads(tokens)],

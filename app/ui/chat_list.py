@@ -20,6 +20,26 @@ def day_words(day: date, today: date) -> str:
     return f"{day.day} {day:%b}" + (f" {day.year}" if day.year != today.year else "")
 
 
+def forks_under_parents(chats: list[tuple[int, str, float]], forks: dict[int, int]) -> list[tuple[int, str, float, int]]:
+    """chats (id, title, updated), newest first, with each fork moved under the chat it was made
+    from when that is listed too: (id, title, updated, depth)."""
+    listed = {chat[0] for chat in chats}
+    children: dict[int, list] = {}
+    for chat in chats:
+        if forks.get(chat[0]) in listed:
+            children.setdefault(forks[chat[0]], []).append(chat)
+    ordered = []
+
+    def add(chat, depth: int) -> None:
+        ordered.append((*chat, depth))
+        for child in children.get(chat[0], []):
+            add(child, depth + 1)
+    for chat in chats:
+        if forks.get(chat[0]) not in listed:
+            add(chat, 0)
+    return ordered
+
+
 class ChatListDelegate(QStyledItemDelegate):
     def paint(self, painter, option, index) -> None:
         when = index.data(WHEN_ROLE)

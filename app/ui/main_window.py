@@ -11,17 +11,18 @@ from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import QApplication, QFileDialog, QInputDialog, QListWidgetItem, QMainWindow, QMessageBox
 
 from ..chat.controller import ChatController
-from ..chat.export import to_markdown
+from ..chat.export import ChatFileError, from_json, to_json, to_markdown
 from ..chat.session import RequestKind
 from ..chat.store import ChatStore, StoreError
+from ..engine.api import Source
 from . import settings as window_settings
-from .chat_list import WHEN_ROLE, day_words
+from .chat_list import WHEN_ROLE, day_words, forks_under_parents
 from .event_loop import qt_event_loop
 from .local_server import LocalServer
 from .message_actions import MessageActions
 from .model_dialog import missing_reason
 from .model_loading import ModelLoading
-from .token_html import RenderOptions
+from .token_html import RenderOptions, source_marks
 from .theme import RESOURCES, SOURCE_HELP, THEMES
 from .window_layout import build_layout
 
@@ -90,6 +91,8 @@ class MainWindow(QMainWindow):
         file_menu.addAction("New chat", QKeySequence.New, self.new_chat)
         file_menu.addAction("Insert a text file into the message...", QKeySequence.Open, self.messages.choose_files)
         file_menu.addAction("Export chat as Markdown...", QKeySequence("Ctrl+E"), self.export_markdown)
+        file_menu.addAction("Export chat as JSON (everything, to import)...", self.export_json)
+        file_menu.addAction("Import chat...", QKeySequence("Ctrl+Shift+O"), self.import_chat)
         file_menu.addAction("Default system prompt...", self.edit_default_system_prompt)
         file_menu.addAction("Prepared models on disk...", self.models.show_prepared_models)
         file_menu.addAction("Get models...", QKeySequence("Ctrl+Shift+M"), self.models.show_models)
@@ -104,6 +107,10 @@ class MainWindow(QMainWindow):
         view_menu = self.menuBar().addMenu("&View")
         self.dark_action = QAction("Dark theme", self, checkable=True)
         view_menu.addAction(self.dark_action)
+        self.marks_action = QAction("Mark accepted tokens by a dotted underline", self, checkable=True)
+        self.marks_action.setToolTip("Accepted tokens told apart other than by colour (corrected ones are "
+                                     "underlined, bonus ones bold)")
+        view_menu.addAction(self.marks_action)
         view_menu.addSeparator()
         larger = view_menu.addAction("Larger text", lambda: self.set_text_size(self.text_size + 1))
         larger.setShortcuts([QKeySequence.ZoomIn, QKeySequence("Ctrl+=")])  # Ctrl++ wants Shift on most layouts
@@ -145,7 +152,7 @@ class MainWindow(QMainWindow):
         self.compare_button.clicked.connect(self.compare)
         self.regenerate_button.clicked.connect(self.regenerate)
         self.continue_button.clicked.connect(self.continue_answer)
-        for toggle in (self.colouring.toggled, self.ghosts.toggled, self.dark_action.toggled):
+        for toggle in (self.colouring.toggled, self.ghosts.toggled, self.dark_action.toggled, self.marks_action.toggled):
             toggle.connect(self.apply_view_options)
         controller.session.thinking = c.thinking.isChecked()
         c.thinking.toggled.connect(lambda on: setattr(controller.session, "thinking", on))
@@ -195,12 +202,12 @@ class MainWindow(QMainWindow):
         theme = self.theme
         if QApplication.instance() is not None:
             QApplication.instance().setStyleSheet(theme.stylesheet())
-        self.chat_view.set_options(RenderOptions(theme, self.colouring.isChecked(), self.ghosts.isChecked()))
+        options = RenderOptions(theme, self.colouring.isChecked(), self.ghosts.isChecked(), self.marks_action.isChecked())
+        self.chat_view.set_options(options)
         self.acceptance.set_colours(theme.accepted, theme.corrected)
         self.legend.setText("".join(
-            f'<span style="color:{theme.colour(source)};{"text-decoration:underline;" if source == "corrected" else ""}'
-            f'{"font-weight:600;" if source == "bonus" else ""}">&#9632;&nbsp;{source}</span>&nbsp;&nbsp; '
-            for source in SOURCE_HELP))
+            f'<span style="color:{theme.colour(source)};{source_marks(Source(source), options)}">'
+            f'&#9632;&nbsp;{source}</span>&nbsp;&nbsp; ' for source in SOURCE_HELP))
         self.legend.setToolTip("<br>".join(f"<b>{k}</b>: {v}" for k, v in SOURCE_HELP.items()))
 
     # ---- models ---------------------------------------------------------------------------------
@@ -233,13 +240,17 @@ class MainWindow(QMainWindow):
         except StoreError as error:  # the file damaged or gone from under the app: said, the window goes on
             self.show_error("Could not read the chats", str(error))
             return
+        try:
+            forks = self.store.forks()
+        except StoreError:
+            forks = {}
         today = datetime.now().date()
-        for chat_id, title, updated in chats:
-            item = QListWidgetItem(title)
+        for chat_id, title, updated, depth in forks_under_parents(chats, forks):
+            item = QListWidgetItem("\u21b3 " * depth + title)  # a fork under the chat it was made from
             item.setData(Qt.UserRole, chat_id)
             when = day_words(datetime.fromtimestamp(updated).date(), today)
             item.setData(WHEN_ROLE, when)
-            item.setData(Qt.AccessibleTextRole, f"{title}, {when}")
+            item.setData(Qt.AccessibleTextRole, f"{title}, {'a fork, ' if depth else ''}{when}")
             self.chat_list.addItem(item)
             item.setSelected(chat_id == self.conversation.id)
 
@@ -271,6 +282,12 @@ class MainWindow(QMainWindow):
         if opened:
             self._chat_changed()
 
+    def fork(self, index: int) -> None:
+        """A new chat with the messages up to messages[index], opened."""
+        if self.controller.fork(index):
+            self._chat_changed()
+            self.statusBar().showMessage(f"Forked: {self.conversation.title}", 5000)
+
     def open_next_chat(self, step: int) -> None:
         """The chat below (step 1) or above (-1) the open one in the list; from a new chat, the first."""
         ids = [self.chat_list.item(row).data(Qt.UserRole) for row in range(self.chat_list.count())]
@@ -300,6 +317,28 @@ class MainWindow(QMainWindow):
                 Path(path).write_text(to_markdown(self.conversation), encoding="utf-8")
             except OSError as error:
                 self.show_error("Export failed", f"Could not write {path}: {error}")
+
+    def export_json(self, path: str | None = None) -> None:
+        path = path or QFileDialog.getSaveFileName(self, "Export chat", f"{self.conversation.title}.json",
+                                                   "SpecChat chat (*.json)")[0]
+        if path:
+            try:
+                Path(path).write_text(to_json(self.conversation), encoding="utf-8")
+            except OSError as error:
+                self.show_error("Export failed", f"Could not write {path}: {error}")
+
+    def import_chat(self, path: str | None = None) -> None:
+        """A chat exported as JSON, as a new chat, colours and versions as they were."""
+        path = path or QFileDialog.getOpenFileName(self, "Import chat", "", "SpecChat chat (*.json)")[0]
+        if not path:
+            return
+        try:
+            conversation = from_json(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ChatFileError) as error:
+            self.show_error("Cannot import the chat", f"{path}: {error}")
+            return
+        if self.controller.import_chat(conversation):
+            self._chat_changed()
 
     def edit_system_prompt(self) -> None:
         text, ok = QInputDialog.getMultiLineText(self, "System prompt", "Sent before every message of this chat:",

@@ -26,7 +26,7 @@ class MessageActions:
         return self.window.controller.conversation.messages
 
     def on_message_action(self, action: str, index: int, extra: int) -> None:
-        """A link in the chat view: copy, copycode, edit, regenerate, continue, version, answer."""
+        """A link in the chat view: copy, copycode, edit, regenerate, continue, version, fork, answer."""
         if index >= len(self.messages):
             return
         message, window = self.messages[index], self.window
@@ -42,6 +42,8 @@ class MessageActions:
             self.edit_message(index)
         elif action == "version" and not window.controller.session.busy:
             self.show_version(index, extra)
+        elif action == "fork":
+            window.fork(index)
         elif action in ("regenerate", "continue", "answer"):
             {"regenerate": window.regenerate, "continue": window.continue_answer, "answer": window.answer_pending}[action]()
 
@@ -76,7 +78,11 @@ class MessageActions:
 
     def show_version(self, index: int, version: int) -> None:
         window = self.window
-        window.controller.show_version(index, version)
+        if window.controller.show_version(index, version):  # an earlier answer: a fork shows it
+            window._chat_changed()
+            window.statusBar().showMessage(f"Version {version + 1} of that answer opened in a fork, named after the "
+                                           "chat: the turns after it were answered to the other version.", 8000)
+            return
         window.chat_view.show_messages(self.messages)
         window.acceptance.show_stats(self.messages[index].stats)
         window.set_busy(window.controller.session.busy)  # the version shown may or may not be one to continue

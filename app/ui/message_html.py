@@ -45,11 +45,12 @@ def _links(theme: Theme, *links: tuple[str, str]) -> str:
 def message_header_html(index: int, message: Message, options: RenderOptions, last: bool, streaming: bool) -> str:
     theme = options.theme
     if message.role == "user":
-        actions = _links(theme, ("edit", action_href("edit", index)), ("copy", action_href("copy", index)))
+        actions = _links(theme, ("edit", action_href("edit", index)), ("copy", action_href("copy", index)),
+                         ("fork", action_href("fork", index)))
         return f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>You</b>&nbsp;&nbsp;<small>{actions}</small></p>'
     if streaming:
         return f'<p style="color:{theme.muted};margin:10px 0 2px 0"><b>Assistant</b>&nbsp;&nbsp;<small>writing...</small></p>'
-    links = [("copy", action_href("copy", index))]
+    links = [("copy", action_href("copy", index)), ("fork", action_href("fork", index))]
     if last:
         links.append(("regenerate", action_href("regenerate", index)))
         if message.stopped_early:

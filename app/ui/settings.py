@@ -54,7 +54,7 @@ def window_settings(window: MainWindow) -> list[Setting]:
         spin("max_new_tokens", c.max_new_tokens, int), spin("sampling_seed", c.seed, int), checkbox("thinking", c.thinking),
         checkbox("colouring", window.colouring), checkbox("ghosts", window.ghosts),
         Setting("theme", str, lambda: window.theme.name, lambda value: window.dark_action.setChecked(value == "dark")),
-        checkbox("read_ahead", window.read_ahead_action),
+        checkbox("read_ahead", window.read_ahead_action), checkbox("marks", window.marks_action),
         Setting("text_size", int, lambda: window.text_size, window.set_text_size),
         Setting("message", str, window.composer.toPlainText, window.composer.setPlainText),  # typed, not sent
         Setting(WINDOW_GEOMETRY, QByteArray, window.saveGeometry, window.restoreGeometry),

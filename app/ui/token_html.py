@@ -34,6 +34,19 @@ class RenderOptions:
     theme: Theme
     colouring: bool = True
     ghosts: bool = False  # show rejected draft tokens
+    marks: bool = False  # accepted tokens also dotted-underlined: told apart other than by colour
+
+
+def source_marks(source: Source, options: RenderOptions) -> str:
+    """The CSS that tells a token's source other than by its colour: corrected underlined, bonus
+    bold, and (options.marks) accepted dotted-underlined."""
+    if source is Source.CORRECTED:
+        return "text-decoration:underline;"
+    if source is Source.BONUS:
+        return "font-weight:600;"
+    if source is Source.ACCEPTED and options.marks:
+        return "text-underline-style:dotted;"  # (Qt reads the CSS word; a link is underlined already)
+    return "text-decoration:none;"
 
 
 def token_owners(tokens: list[TokenRecord]) -> list[int]:
@@ -175,16 +188,15 @@ class _Colourer(HTMLParser):
                          f"{escape(token.rejected)}</span>")
         colour = theme.colour(token.source) if options.colouring else \
             syntax_colour or (theme.muted if self.thinking else theme.text)
-        underline = options.colouring and token.source is Source.CORRECTED
-        weight = "font-weight:600;" if options.colouring and token.source is Source.BONUS else ""
-        weight += "font-style:italic;" if self.thinking else ""
-        link = lambda text, decoration: (f'<a href="{token_href(self.message_index, index)}" '
-                                         f'style="color:{colour};text-decoration:{decoration};{weight}">{text}</a>')
+        marks = source_marks(token.source, options) if options.colouring else "text-decoration:none;"
+        italic = "font-style:italic;" if self.thinking else ""
+        link = lambda text, style: (f'<a href="{token_href(self.message_index, index)}" '
+                                    f'style="color:{colour};{style}{italic}">{text}</a>')
         lead = piece[: len(piece) - len(piece.lstrip())]
-        if not (underline and lead):
-            return ghost + link(piece, "underline" if underline else "none")
-        body = piece[len(lead):]  # a corrected token's indentation is not underlined
-        return ghost + link(lead, "none") + (link(body, "underline") if body else "")
+        if "underline" not in marks or not lead:
+            return ghost + link(piece, marks)
+        body = piece[len(lead):]  # a token's indentation is not underlined
+        return ghost + link(lead, "text-decoration:none;") + (link(body, marks) if body else "")
 
 
 def syntax_colours(code: str, language: str, style: str) -> list[str | None]:
