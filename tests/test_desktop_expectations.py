@@ -273,3 +273,23 @@ def test_flipping_an_earlier_answer_forks_instead_of_changing_the_later_turns_co
         window.regenerate_button.click()
     window.messages.on_message_action("version", 3, 0)
     assert window.conversation.id == original.id and window.conversation.messages[3].shown == 0
+
+
+def test_a_tokens_source_is_read_without_the_mouse(qtbot, make_window):
+    from PySide6.QtCore import Qt
+
+    window = make_window(k=3, adaptive=False, lookup=False)
+    answer = send_and_wait(qtbot, window, "t1 t2")
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow, timeout=5000)
+    window.chat_view.setFocus()
+    qtbot.waitUntil(window.chat_view.hasFocus, timeout=5000)
+    qtbot.keyClick(window.chat_view, Qt.Key_End, Qt.ControlModifier)  # the caret to the answer's end
+    for _ in range(3):
+        qtbot.keyClick(window.chat_view, Qt.Key_Left)
+    token = window.chat_view.token_at_caret()
+    assert token is not None and token in answer.tokens
+    details = window.token_details.text()
+    assert window.token_details.isVisible() and details.startswith(f"{token.source.value}: ")
+    assert f"p_target {token.p_target:.3f}" in details
+    assert window.chat_view.accessibleDescription() == details  # what a screen reader says of the view

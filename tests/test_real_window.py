@@ -1,5 +1,6 @@
 """The app as a user runs it: a real X server (Xvfb), the real default models, real key events
-(xdotool): type a question, press Enter, get a saved answer, quit with Ctrl+Q.
+(xdotool): type a question, press Enter, get a saved answer, quit with Ctrl+Q; start it again and
+find that chat open.
 
 Each step waits for something the app itself reports (`--verbose` prints the window's events)
 before the next one, and fails within a bounded time naming the step, with a screenshot of the
@@ -146,3 +147,20 @@ def test_real_window_turn_with_key_events(tmp_path, x_display, monkeypatch):
         if app.process.poll() is None:
             app.process.kill()
     assert answers(db) == done  # quitting lost and added nothing
+
+    # started again: the chat of the last run is open, its question and answer shown
+    again = RunningApp(env, tmp_path)
+    try:
+        window = again.wait_for(lambda: again.xdotool("search", "--onlyvisible", "--name", "^SpecChat$").split(), 120,
+                                "the window to be mapped again")[0]
+        again.wait_for(lambda: again.logged("reopened the last chat: 2 messages"), 30, "the last chat to reopen")
+        again.xdotool("windowfocus", "--sync", window)
+        again.wait_for(lambda: again.logged(FOCUSED), 20, "the message box to take the keyboard focus")
+        again.xdotool("key", "--clearmodifiers", "ctrl+q")
+        try:
+            assert again.process.wait(60) == 0
+        except subprocess.TimeoutExpired:
+            again.fail("the app to quit within 60 s of Ctrl+Q")
+    finally:
+        if again.process.poll() is None:
+            again.process.kill()

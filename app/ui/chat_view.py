@@ -10,8 +10,10 @@ a selection there survives and copying works while the answer grows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from html import escape
 
-from PySide6.QtCore import QTimer, QUrl, Signal
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QMouseEvent, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
@@ -23,15 +25,23 @@ from .token_html import RenderOptions, answer_part_html
 from .theme import SOURCE_HELP
 
 
-def token_tooltip(token: TokenRecord) -> str:
-    lines = [f"<b>{token.source.value}</b>: {SOURCE_HELP[token.source.value]}", f"p_target {token.p_target:.3f}"]
+def token_details(token: TokenRecord) -> list[str]:
+    """Where a token came from, line by line: the tooltip's, and the keyboard's details line."""
+    lines = [f"{token.source.value}: {SOURCE_HELP[token.source.value]}", f"p_target {token.p_target:.3f}"]
     if token.p_draft is not None:
         lines.append(f"p_draft {token.p_draft:.3f}")
     if token.replaced is not None:
         lines.append(f"replaced draft token {token.replaced!r}" + (", copied from earlier text" if token.copied else ""))
     elif token.copied:
         lines.append("copied from earlier text (no draft model pass)")
-    return "<br>".join(lines)
+    return lines
+
+
+def token_tooltip(token: TokenRecord) -> str:
+    lines = token_details(token)
+    source, help_text = lines[0].split(": ", 1)
+    text = partial(escape, quote=False)
+    return "<br>".join([f"<b>{text(source)}</b>: {text(help_text)}", *map(text, lines[1:])])
 
 
 @dataclass
@@ -53,6 +63,7 @@ class _Stream:
 
 class ChatView(QTextBrowser):
     action_requested = Signal(str, int, int)  # action, message index, extra (a code block, a version)
+    token_focused = Signal(str)  # the details of the token at the keyboard caret ("" on none)
 
     def __init__(self, options: RenderOptions) -> None:
         super().__init__()
@@ -66,6 +77,10 @@ class ChatView(QTextBrowser):
         self.viewport().setMouseTracking(True)
         self.setPlaceholderText("Ask anything. Tokens are coloured by where they came from.")
         self.anchorClicked.connect(self._on_anchor)
+        # A keyboard caret through the answers (click in the view, or Tab to it; arrows move it):
+        # the token at it is told in words, as hovering shows it to a mouse
+        self.setTextInteractionFlags(self.textInteractionFlags() | Qt.TextSelectableByKeyboard)
+        self.cursorPositionChanged.connect(self._caret_moved)
         # The scroll position set to keep the end in view, while the user leaves it there. Qt lays
         # a long document out in time slices (more of them while the engine keeps the cores busy),
         # so the scroll range grows after a change returns: the view follows it there too.
@@ -235,6 +250,27 @@ class ChatView(QTextBrowser):
         action = parse_action(url.toString())
         if action is not None:
             self.action_requested.emit(*action)
+
+    def token_at_caret(self) -> TokenRecord | None:
+        """The answer token just after the keyboard caret (or the one it ends), if any."""
+        position = self.textCursor().position()
+        block = self.document().findBlock(position)
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            if fragment.position() <= position < fragment.position() + fragment.length() or \
+                    fragment.position() + fragment.length() == position:
+                token = self.token_at(fragment.charFormat().anchorHref())
+                if token is not None:
+                    return token
+            it += 1
+        return None
+
+    def _caret_moved(self) -> None:
+        if not self.hasFocus():  # the document changed under it (streaming), not the user's caret
+            return
+        token = self.token_at_caret()
+        self.token_focused.emit("; ".join(token_details(token)) if token is not None else "")
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:
         token = self.token_at(self.anchorAt(event.position().toPoint()))

@@ -24,7 +24,7 @@ from .model_dialog import missing_reason
 from .model_loading import ModelLoading
 from .token_html import RenderOptions, source_marks
 from .theme import RESOURCES, SOURCE_HELP, THEMES
-from .window_layout import build_layout
+from .window_layout import CONVERSATION_HELP, build_layout
 
 log = logging.getLogger("specchat.window")  # what the window does, for `python -m app --verbose`
 READING_PROMPT = "Reading the prompt:"  # the status bar while a long prompt is read
@@ -144,6 +144,7 @@ class MainWindow(QMainWindow):
         self.composer.focused.connect(lambda: log.info("the message box has the keyboard focus"))
         self.statusBar().messageChanged.connect(lambda text: text and log.info("status: %s", text))
         self.chat_view.action_requested.connect(self.messages.on_message_action)
+        self.chat_view.token_focused.connect(self._show_token_details)
         self.composer.stop_requested.connect(self.stop)
         self.composer.files_dropped.connect(self.messages.insert_files)
         self.composer.textChanged.connect(self._read_ahead_soon)
@@ -179,6 +180,7 @@ class MainWindow(QMainWindow):
         chat_id = self.settings.value(window_settings.OPEN_CHAT, -1, int)
         try:
             if chat_id >= 0 and self.controller.open_chat(chat_id):
+                log.info("reopened the last chat: %d messages", len(self.conversation.messages))
                 return True
         except (StoreError, KeyError):  # damaged or gone: a new chat, as at a first start
             pass
@@ -281,6 +283,12 @@ class MainWindow(QMainWindow):
             return
         if opened:
             self._chat_changed()
+
+    def _show_token_details(self, details: str) -> None:
+        """The caret's token in words, also as the conversation's description: a screen reader says it."""
+        self.token_details.setText(details)
+        self.token_details.setVisible(bool(details))
+        self.chat_view.setAccessibleDescription(details or CONVERSATION_HELP)
 
     def fork(self, index: int) -> None:
         """A new chat with the messages up to messages[index], opened."""

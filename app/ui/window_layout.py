@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from .main_window import MainWindow
 
 DEFAULT_SIZE = (1280, 800)
+CONVERSATION_HELP = ("The chat's messages; each answer's tokens are coloured by where they came from: accepted, "
+                     "corrected, bonus or plain. Arrow keys move a caret; the token at it is described.")
 
 
 def build_layout(window: MainWindow) -> None:
@@ -48,8 +50,7 @@ def build_layout(window: MainWindow) -> None:
     for widget, name, description in (
             (window.search, "Search chats", "Shows the chats whose title or messages hold the words"),
             (window.chat_list, "Chats", "The saved chats, newest first"),
-            (window.chat_view, "Conversation", "The chat's messages; each answer's tokens are coloured by "
-                                               "where they came from: accepted, corrected, bonus or plain"),
+            (window.chat_view, "Conversation", CONVERSATION_HELP),
             (window.composer, "Message", "Enter sends, Shift+Enter starts a new line, Esc stops the answer")):
         widget.setAccessibleName(name)
         widget.setAccessibleDescription(description)
@@ -66,6 +67,11 @@ def build_layout(window: MainWindow) -> None:
     legend_row.addWidget(window.ghosts)
     middle.addLayout(legend_row)
     middle.addWidget(window.chat_view, 1)
+    # the token at the keyboard caret in words (what hovering shows), for keyboard and screen-reader users
+    window.token_details = QLabel(wordWrap=True)
+    window.token_details.setAccessibleName("Token details")
+    window.token_details.hide()
+    middle.addWidget(window.token_details)
     window.edit_banner = QLabel("Editing your message: Send resends it and the chat continues from there "
                                 "(later messages are removed). Esc cancels.", wordWrap=True)
     window.edit_banner.hide()
