@@ -64,7 +64,7 @@ def test_rename_and_delete_wait_for_a_chat_that_is_saved(qtbot, make_window):
 def test_the_markdown_export_keeps_the_system_prompt_and_tells_no_acceptance_of_a_plain_answer(qtbot, make_window):
     from app.chat.export import to_markdown
 
-    window = make_window(speculative=False)
+    window = make_window(speculative=False, k=3, adaptive=False)  # (a fixed k drafts at every step)
     window.controller.set_system_prompt("Answer in t-words.")
     send_and_wait(qtbot, window)
     exported = to_markdown(window.conversation)
@@ -293,3 +293,18 @@ def test_a_tokens_source_is_read_without_the_mouse(qtbot, make_window):
     assert window.token_details.isVisible() and details.startswith(f"{token.source.value}: ")
     assert f"p_target {token.p_target:.3f}" in details
     assert window.chat_view.accessibleDescription() == details  # what a screen reader says of the view
+
+
+def test_the_charts_have_axes_and_show_the_drafted_lengths(qtbot, make_window):
+    from collections import Counter
+
+    window = make_window(k=3, adaptive=False, lookup=False)
+    answer = send_and_wait(qtbot, window)
+    histogram, trace = window.acceptance.histogram, window.acceptance.trace
+    drafted = Counter(answer.stats.drafted_lengths)
+    assert drafted and histogram.drafted == dict(drafted)  # recorded per step, now shown
+    assert histogram.counts == dict(Counter(answer.stats.accepted_lengths))
+    most = max([*drafted.values(), *histogram.counts.values()])
+    assert histogram.axis_labels()[0] == f"{most} step{'s' if most != 1 else ''}"
+    assert trace.axis_labels() == ("100%", "0%", f"step 1 to {len(answer.stats.acceptance_trace)}")
+    assert not histogram.grab().isNull() and not trace.grab().isNull()  # they paint with them

@@ -15,37 +15,53 @@ NO_COMPARISON = "Use Compare to rerun the last answer's prompt without speculati
 
 
 class Histogram(QWidget):
-    """Steps by number of accepted draft tokens."""
+    """Steps by number of draft tokens: accepted (filled bars) and drafted (outlined behind them)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.counts: dict[int, int] = {}
+        self.counts: dict[int, int] = {}  # accepted length -> steps
+        self.drafted: dict[int, int] = {}  # drafted length -> steps
         self.colour = QColor("#0072B2")
         self.setMinimumHeight(80)
-        self.setToolTip("Steps by number of accepted draft tokens")
+        self.setToolTip("Steps by number of draft tokens accepted (filled) and drafted (outlined)")
 
-    def set_lengths(self, lengths: list[int]) -> None:
-        self.counts = dict(Counter(lengths))
+    def set_lengths(self, accepted: list[int], drafted: list[int] = ()) -> None:
+        self.counts, self.drafted = dict(Counter(accepted)), dict(Counter(drafted))
         self.update()
+
+    def axis_labels(self) -> tuple[str, str]:
+        """(the value axis's top: the most steps at one length, the length axis's name)."""
+        most = max([*self.counts.values(), *self.drafted.values()], default=0)
+        return f"{most} step{'s' if most != 1 else ''}", "tokens per step: accepted, drafted (outline)"
 
     def paintEvent(self, event) -> None:
         painter = QPainter(self)
         painter.setRenderHint(QPainter.Antialiasing)
-        area = QRectF(self.rect()).adjusted(4, 4, -4, -16)
         text = self.palette().windowText().color()
+        painter.setPen(text)
         if not self.counts:
-            painter.setPen(text)
             painter.drawText(self.rect(), Qt.AlignCenter, "accepted length per step")
             return
-        top = max(self.counts)
-        most = max(self.counts.values())
+        most_label, length_label = self.axis_labels()
+        small = painter.font()
+        small.setPointSizeF(max(6.0, small.pointSizeF() * 0.8))
+        painter.setFont(small)
+        area = QRectF(self.rect()).adjusted(4, 14, -4, -28)
+        painter.drawText(QRectF(4, 0, area.width(), 14), Qt.AlignLeft | Qt.AlignVCenter, most_label)
+        painter.drawText(QRectF(4, area.bottom() + 14, area.width(), 14), Qt.AlignCenter, length_label)
+        top = max([*self.counts, *self.drafted])
+        most = max([*self.counts.values(), *self.drafted.values()])
         width = area.width() / (top + 1)
         for length in range(top + 1):
+            left = area.left() + length * width
+            drafted = area.height() * self.drafted.get(length, 0) / most
+            if drafted:
+                painter.setPen(QPen(self.colour, 1))
+                painter.drawRect(QRectF(left + 1, area.bottom() - drafted, width - 2, drafted))
             height = area.height() * self.counts.get(length, 0) / most
-            bar = QRectF(area.left() + length * width + 1, area.bottom() - height, width - 2, height)
-            painter.fillRect(bar, self.colour)
+            painter.fillRect(QRectF(left + 3, area.bottom() - height, width - 6, height), self.colour)
             painter.setPen(text)
-            painter.drawText(QRectF(bar.left(), area.bottom(), width, 14), Qt.AlignCenter, str(length))
+            painter.drawText(QRectF(left, area.bottom(), width, 14), Qt.AlignCenter, str(length))
 
 
 class Trace(QWidget):
@@ -62,10 +78,23 @@ class Trace(QWidget):
         self.values = values
         self.update()
 
+    def axis_labels(self) -> tuple[str, str, str]:
+        """(the top line's value, the bottom line's, the step axis's span)."""
+        return "100%", "0%", f"step 1 to {len(self.values)}" if self.values else ""
+
     def paintEvent(self, event) -> None:
         painter = QPainter(self)
         painter.setRenderHint(QPainter.Antialiasing)
-        area = QRectF(self.rect()).adjusted(4, 4, -4, -4)
+        top_label, bottom_label, steps_label = self.axis_labels()
+        small = painter.font()
+        small.setPointSizeF(max(6.0, small.pointSizeF() * 0.8))
+        painter.setFont(small)
+        area = QRectF(self.rect()).adjusted(34, 6, -4, -16)
+        text = self.palette().windowText().color()
+        painter.setPen(text)
+        painter.drawText(QRectF(0, area.top() - 7, 30, 14), Qt.AlignRight | Qt.AlignVCenter, top_label)
+        painter.drawText(QRectF(0, area.bottom() - 7, 30, 14), Qt.AlignRight | Qt.AlignVCenter, bottom_label)
+        painter.drawText(QRectF(area.left(), area.bottom() + 2, area.width(), 14), Qt.AlignCenter, steps_label)
         grid = self.palette().mid().color()
         painter.setPen(QPen(grid, 1, Qt.DashLine))
         painter.drawLine(area.topLeft(), area.topRight())
@@ -109,7 +138,7 @@ class AcceptanceView(QWidget):
         self.show_colours_note("")
         self.histogram = Histogram()
         self.trace = Trace()
-        form.addRow(QLabel("Accepted length per step"))
+        form.addRow(QLabel("Draft tokens per step"))
         form.addRow(self.histogram)
         form.addRow(QLabel("Acceptance along the answer"))
         form.addRow(self.trace)
@@ -141,7 +170,7 @@ class AcceptanceView(QWidget):
                   if stats.cached_prompt_tokens else "")
         self.fields["first"].setText("–" if stats.first_token_seconds is None else f"{stats.first_token_seconds:.2f} s{cached}")
         self.show_context(stats.context_used, stats.context_length)
-        self.histogram.set_lengths(list(stats.accepted_lengths))
+        self.histogram.set_lengths(list(stats.accepted_lengths), list(stats.drafted_lengths))
         self.trace.set_values(list(stats.acceptance_trace))
         self.show_comparison(stats.comparison)
         self._relayout.start()
