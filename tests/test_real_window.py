@@ -116,6 +116,15 @@ def type_question(app: RunningApp, window: str) -> None:
     app.fail(f"the typed question ({len(QUESTION)} characters) never reached the message box in 4 tries")
 
 
+def quit_with_ctrl_q(app: RunningApp, *where: str) -> None:
+    """Ctrl+Q (xdotool key's options `where`), and the app's clean exit within a minute."""
+    app.xdotool("key", *where, "ctrl+q")
+    try:
+        assert app.process.wait(60) == 0
+    except subprocess.TimeoutExpired:
+        app.fail("the app to quit within 60 s of Ctrl+Q")
+
+
 def test_real_window_turn_with_key_events(tmp_path, x_display, monkeypatch):
     monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)  # the tests' offscreen default
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
@@ -138,11 +147,7 @@ def test_real_window_turn_with_key_events(tmp_path, x_display, monkeypatch):
         done = app.wait_for(lambda: [a for a in answers(db) if a[1] in ("length", "stop")], 10,
                             "the finished answer in the database")
         assert done[0][0].strip()
-        app.xdotool("key", "--window", window, "ctrl+q")
-        try:
-            assert app.process.wait(60) == 0
-        except subprocess.TimeoutExpired:
-            app.fail("the app to quit within 60 s of Ctrl+Q")
+        quit_with_ctrl_q(app, "--window", window)
     finally:
         if app.process.poll() is None:
             app.process.kill()
@@ -156,11 +161,7 @@ def test_real_window_turn_with_key_events(tmp_path, x_display, monkeypatch):
         again.wait_for(lambda: again.logged("reopened the last chat: 2 messages"), 30, "the last chat to reopen")
         again.xdotool("windowfocus", "--sync", window)
         again.wait_for(lambda: again.logged(FOCUSED), 20, "the message box to take the keyboard focus")
-        again.xdotool("key", "--clearmodifiers", "ctrl+q")
-        try:
-            assert again.process.wait(60) == 0
-        except subprocess.TimeoutExpired:
-            again.fail("the app to quit within 60 s of Ctrl+Q")
+        quit_with_ctrl_q(again, "--clearmodifiers")
     finally:
         if again.process.poll() is None:
             again.process.kill()

@@ -318,20 +318,18 @@ class MainWindow(QMainWindow):
             self.controller.delete_chat(self.default_system_prompt())
             self._chat_changed()
 
-    def export_markdown(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{self.conversation.title}.md", "Markdown (*.md)")
-        if path:
-            try:
-                Path(path).write_text(to_markdown(self.conversation), encoding="utf-8")
-            except OSError as error:
-                self.show_error("Export failed", f"Could not write {path}: {error}")
+    def export_markdown(self, path: str | None = None) -> None:
+        self._export(to_markdown, path, ".md", "Markdown (*.md)")
 
     def export_json(self, path: str | None = None) -> None:
-        path = path or QFileDialog.getSaveFileName(self, "Export chat", f"{self.conversation.title}.json",
-                                                   "SpecChat chat (*.json)")[0]
+        self._export(to_json, path, ".json", "SpecChat chat (*.json)")
+
+    def _export(self, text_of, path: str | None, suffix: str, kind: str) -> None:
+        """The chat as text_of(conversation) writes it, to `path` (None: the one the user picks)."""
+        path = path or QFileDialog.getSaveFileName(self, "Export chat", f"{self.conversation.title}{suffix}", kind)[0]
         if path:
             try:
-                Path(path).write_text(to_json(self.conversation), encoding="utf-8")
+                Path(path).write_text(text_of(self.conversation), encoding="utf-8")
             except OSError as error:
                 self.show_error("Export failed", f"Could not write {path}: {error}")
 

@@ -138,9 +138,15 @@ class ModelsDialog(QDialog):
 
     def pull_selected(self) -> None:
         offer = self.offer()
-        if offer is not None and self.library.pull(offer.repo_id, offer.name):
+        if offer is not None:
+            self._pull(offer.repo_id, offer.name)
+
+    def _pull(self, repo_id: str, name: str | None) -> None:
+        """Starts a download (none while another runs), its progress shown on the Get models tab."""
+        if self.library.pull(repo_id, name):
+            self.tabs.setCurrentIndex(0)
             self.progress.setRange(0, 0)
-            self.progress_state.setText(f"Fetching {offer.name or offer.repo_id}...")
+            self.progress_state.setText(f"Fetching {name or repo_id}...")
             self._pull_controls()
 
     def _show_progress(self, name: str, progress) -> None:
@@ -270,10 +276,7 @@ class ModelsDialog(QDialog):
         page = QWidget()
         self.drafts_state = QLabel("Load a target to see the drafts that pair with it.")
         self.drafts_state.setWordWrap(True)
-        self.drafts = QTableWidget(0, len(DRAFT_COLUMNS))
-        self.drafts.setHorizontalHeaderLabels(DRAFT_COLUMNS)
-        self.drafts.setAccessibleName("Drafts for the target")
-        self._table_look(self.drafts)
+        self.drafts = self._table(DRAFT_COLUMNS, "Drafts for the target")
         self.fetch_draft = QPushButton("Fetch this draft")
         self.fetch_draft.clicked.connect(self._fetch_hub_draft)
         self.find_best = QPushButton("Find the best draft")
@@ -282,10 +285,7 @@ class ModelsDialog(QDialog):
         self.find_best.clicked.connect(self.find_best_draft)
         self.rank_state = QLabel()
         self.rank_state.setWordWrap(True)
-        self.ranking = QTableWidget(0, len(RANKED_COLUMNS))
-        self.ranking.setHorizontalHeaderLabels(RANKED_COLUMNS)
-        self.ranking.setAccessibleName("Drafts ranked by measured speed-up")
-        self._table_look(self.ranking)
+        self.ranking = self._table(RANKED_COLUMNS, "Drafts ranked by measured speed-up")
         self.use_pair = QPushButton("Use this pair")
         self.use_pair.setEnabled(False)
         self.use_pair.clicked.connect(self._use_ranked)
@@ -306,13 +306,18 @@ class ModelsDialog(QDialog):
         return page
 
     @staticmethod
-    def _table_look(table: QTableWidget) -> None:
+    def _table(columns: list[str], name: str) -> QTableWidget:
+        """A read-only table of whole-row, single selections, named for screen readers."""
+        table = QTableWidget(0, len(columns))
+        table.setHorizontalHeaderLabels(columns)
+        table.setAccessibleName(name)
         table.setSelectionBehavior(QAbstractItemView.SelectRows)
         table.setSelectionMode(QAbstractItemView.SingleSelection)
         table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         table.verticalHeader().hide()
         table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         table.horizontalHeader().setStretchLastSection(True)
+        return table
 
     def refresh_drafts(self, search_hub: bool = True) -> None:
         self.drafts_state.setText("Checking which drafts pair with the target...")
@@ -341,11 +346,8 @@ class ModelsDialog(QDialog):
     def _fetch_hub_draft(self) -> None:
         row = self.drafts.currentRow()
         option = self.draft_options[row] if 0 <= row < len(self.draft_options) else None
-        if option is not None and option.on_hub and self.library.pull(option.source, option.on_hub):
-            self.tabs.setCurrentIndex(0)
-            self.progress.setRange(0, 0)
-            self.progress_state.setText(f"Fetching {option.on_hub}...")
-            self._pull_controls()
+        if option is not None and option.on_hub:
+            self._pull(option.source, option.on_hub)
 
     def compatible_drafts(self) -> list[str]:
         return [LOOKUP, *(o.source for o in self.draft_options if o.reason is None and not o.on_hub)]
