@@ -70,12 +70,39 @@ def test_a_copy_is_as_long_as_its_match(tiny_target):
     a longer one as many as matched, up to the lookup's limit."""
     passage = list(range(40, 70))
     proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=16)
-    proposer.begin(passage + [1, 2] + passage[:3])
-    assert proposer.propose(4, limit=20).tokens.tolist() == passage[3:6]
-    proposer.begin(passage + [1, 2] + passage[:10])
-    assert proposer.propose(4, limit=20).tokens.tolist() == passage[10:20]
-    proposer.begin(passage + [1, 2] + passage[:20])
-    assert proposer.propose(4, limit=20).tokens.tolist() == passage[20:30] + [1, 2] + passage[:4]
+    for seen, copy in ((3, passage[3:6]), (10, passage[10:20]), (20, passage[20:30] + [1, 2] + passage[:4])):
+        proposer.begin(passage + [1, 2] + passage[:seen])
+        draft = proposer.propose(0, limit=20)  # a plain step: the copy alone
+        assert draft.tokens.tolist() == copy and draft.lead == draft.looked_up == len(copy)
+
+
+def test_the_draft_model_drafts_on_where_a_copy_stops_within_the_step(tiny_target):
+    """A step that begins with a copy goes on with the draft model's own tokens after it: those it
+    drafts from the text with the copy, its probabilities theirs, the copy's certain."""
+    passage = list(range(40, 70))
+    prompt = passage + [1, 2] + passage[:3]
+    proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=16)
+    proposer.begin(prompt)
+    draft = proposer.propose(4, limit=20)
+    assert draft.lead == 3 and draft.own >= 1 and draft.tokens[:3].tolist() == passage[3:6]
+    assert [draft.copied(i) for i in range(4)] == [True, True, True, False]
+    assert draft.probs[torch.arange(3), draft.tokens[:3]].tolist() == [1.0, 1.0, 1.0]
+
+    alone = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None)  # no copies
+    alone.begin(prompt + passage[3:6])
+    assert draft.tokens[3 : 3 + draft.own].tolist() == alone.propose(draft.own).tokens.tolist()
+
+
+def test_drafting_on_after_a_copy_is_weighed_by_the_chance_that_the_whole_copy_is_accepted():
+    costs = CostModel(draft_token=0.005, verify={1: 0.03, 2: 0.031, 8: 0.036, 16: 0.045})
+    policy = CostAwareK(costs)
+    for _ in range(30):
+        costs.drafted.observe(4, rejected=True)
+        costs.copied.of(4).observe(5, rejected=False)
+    assert policy.keep_drafting([], 4)  # copies that are always right: the draft goes on after them
+    for _ in range(30):
+        costs.copied.of(4).observe(0, rejected=True)
+    assert not policy.keep_drafting([], 4)  # copies rarely right: it would rarely be reached
 
 
 def test_a_long_passage_is_copied_in_long_steps(tiny_target, monkeypatch):
@@ -102,16 +129,22 @@ def test_a_long_passage_is_copied_in_long_steps(tiny_target, monkeypatch):
         assert [t.id for s in steps for t in s.tokens] == plain
         copied_per_step = [sum(t.copied for t in s.tokens) for s in steps]
         assert max(copied_per_step) > 3, copied_per_step
+        if not adaptive:  # where a copy stops, the draft model (the target itself here) drafts on in the same step
+            assert any(before.copied and not after.copied and after.source == Source.ACCEPTED
+                       for s in steps for before, after in zip(s.tokens, s.tokens[1:]))
 
 
-def test_a_repeated_ngram_is_proposed_without_running_the_model(tiny_target):
+def test_a_copy_alone_is_proposed_without_running_the_model(tiny_target):
+    """In a plain step, where the copy fills the step, or where the policy does not draft on
+    after it, a copy is the whole proposal: the draft model is neither run nor fed the prompt."""
     proposer = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3)
     proposer.begin([20, 21, 22, 23, 24, 25, 20, 21, 22])
-    draft = proposer.propose(4, limit=6)
+    draft = proposer.propose(0, limit=6)
     assert draft.tokens.tolist() == [23, 24, 25] and draft.probs is None and draft.own == 0
-    assert proposer.model.length == 0  # the draft model was not run, nor fed the prompt
+    assert proposer.propose(4, limit=3).tokens.tolist() == [23, 24, 25]
+    assert proposer.propose(4, lambda confidences, copied: False, limit=6).tokens.tolist() == [23, 24, 25]
     assert proposer.propose(4, limit=2).tokens.tolist() == [23, 24]  # the budget caps it
-    assert proposer.propose(0, limit=2).tokens.tolist() == [23, 24]  # even when the policy drafts nothing
+    assert proposer.model.length == 0
 
 
 def test_a_looked_up_draft_ends_with_the_first_stop_token(tiny_target):
@@ -120,7 +153,7 @@ def test_a_looked_up_draft_ends_with_the_first_stop_token(tiny_target):
     prompt = [20, 21, 22, 23, 7, 25, 20, 21, 22]
     copying = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3)
     copying.begin(prompt)
-    assert copying.propose(4).tokens.tolist() == [23, 7, 25]
+    assert copying.propose(0, limit=4).tokens.tolist() == [23, 7, 25]
     stopping = DraftModelProposer(cached(tiny_target.model), SamplingParams(), None, lookup_tokens=3,
                                   stop_tokens=frozenset({7}))
     stopping.begin(prompt)
@@ -221,7 +254,7 @@ def test_a_copy_passed_over_leaves_the_drafting_to_the_model(tiny_target):
     plain_step = proposer.propose(0, limit=6, use_copies=declining)
     assert len(plain_step) == 0 and plain_step.copies == [23, 24, 25]
     taken = proposer.propose(4, limit=6, use_copies=lambda k, n: n)
-    assert taken.tokens.tolist() == [23, 24, 25] and taken.copies == [23, 24, 25]
+    assert taken.tokens[:3].tolist() == [23, 24, 25] and taken.lead == 3 and taken.copies == [23, 24, 25]
     shortened = proposer.propose(0, limit=6, use_copies=lambda k, n: 2)
     assert shortened.tokens.tolist() == [23, 24] and shortened.copies == [23, 24, 25]
 

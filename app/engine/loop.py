@@ -84,11 +84,6 @@ def speculative_generate(
     # not a cost of the tokens generated.
     prompt_unread_by_draft = len(tokens) - 1 - draft_cached
 
-    use_copies = policy.use_copies
-    if ledger is not None and use_copies is not None:  # a copy spends from the ledger's account too
-        def use_copies(k: int, n_copies: int) -> int:
-            return ledger.allow_copies(policy.use_copies(k, n_copies))
-
     n_new = 0
     while n_new < budget:
         if cancel is not None and cancel.is_set():
@@ -100,10 +95,13 @@ def speculative_generate(
         # draft starts at the second step, from the token the target chose.
         behind = proposer.behind()
         k = 0 if n_new == 0 else min(policy.next_k(budget - n_new, behind, n_new), room)
-        if ledger is not None:
-            k = ledger.allow(k, max(behind - prompt_unread_by_draft, 0))
+        keep_drafting, use_copies = policy.keep_drafting, policy.use_copies
+        if ledger is not None:  # copies and drafted tokens spend from its account
+            reading = max(behind - prompt_unread_by_draft, 0)
+            k = ledger.allow(k, reading)
+            keep_drafting, use_copies = ledger.rules(policy, reading)
         draft_start = clock.now()
-        draft = proposer.propose(k, policy.keep_drafting, limit=room, use_copies=use_copies)
+        draft = proposer.propose(k, keep_drafting, limit=room, use_copies=use_copies)
         draft_tokens = draft.tokens.to(target.device)
         target_start = clock.now()
         step_input = torch.cat([torch.tensor([tokens[-1]], device=target.device), draft_tokens])
@@ -117,10 +115,13 @@ def speculative_generate(
         proposer.commit(n_accepted, next_token)
         emitted, finish = _until_stop(_provenance(draft, n_accepted, next_token, target_probs), limits.stop_tokens)
         emitted_ids = [token.id for token in emitted]
-        # The policy prices the proposer's own tokens: those looked up on top cost it nothing.
-        policy.observe(StepOutcome(draft.own, min(n_accepted, draft.own), draft_seconds - draft.catch_up_seconds,
+        # The policy prices the proposer's own tokens: those looked up beside them cost it nothing,
+        # and a copy rejected before them leaves them unjudged.
+        own_accepted = min(max(n_accepted - draft.lead, 0), draft.own)
+        policy.observe(StepOutcome(draft.own, own_accepted, draft_seconds - draft.catch_up_seconds,
                                    target_seconds, len(draft) + 1, draft.catch_up_tokens, draft.catch_up_seconds,
-                                   draft.copies, draft.copies_at, emitted_ids, len(tokens)))
+                                   draft.copies, draft.copies_at, emitted_ids, len(tokens),
+                                   judged=n_accepted >= draft.lead))
         tokens += emitted_ids
         n_new += len(emitted)
         if finish is None and n_new >= budget:
@@ -168,10 +169,11 @@ def _provenance(draft: Draft, n_accepted: int, next_token: int, target_probs: to
     id_tensor = torch.tensor(ids, device=target_probs.device)
     p_target = target_probs[positions, id_tensor].tolist()
     p_draft = [None] * len(ids)
+    copied = [draft.copied(i) for i in range(len(ids))]
     if draft.probs is not None:
-        rows = min(len(ids), draft.own)  # a copied token's certain "distribution" is no model's
-        p_draft[:rows] = draft.probs[positions[:rows], id_tensor[:rows]].tolist()
-    copied = [i >= draft.own for i in range(len(ids))]
+        rows = min(len(ids), len(draft))
+        drawn = draft.probs[positions[:rows], id_tensor[:rows]].tolist()
+        p_draft[:rows] = [None if copied[i] else p for i, p in enumerate(drawn)]  # a copy's certainty is no model's
 
     out = [EmittedToken(t, Source.ACCEPTED, p, q, copied=c) for t, p, q, c in zip(ids[:-1], p_target, p_draft, copied)]
     if len(draft) == 0:

@@ -22,6 +22,7 @@ class StepOutcome:
     copies_at: int = 0  # the position among the step's tokens the copy was for
     emitted: Sequence[int] = ()  # the tokens the step emitted
     context: int = 0  # tokens in the target's cache before the step (0: unknown)
+    judged: bool = True  # whether the target reached the drafted tokens (a copy before them may end the step first)
 
 
 @dataclass
@@ -233,13 +234,15 @@ class CostAwareK:
         (a draft that stopped itself and was wholly accepted counts no rejection)."""
         return self.drafted.rate
 
-    def keep_drafting(self, confidences: list[float]) -> bool:
-        """confidences: the draft's probability of each token it drafted so far this step;
-        whether it drafts one more (up to k)."""
+    def keep_drafting(self, confidences: list[float], copied: int = 0) -> bool:
+        """confidences: the draft's probability of each token it drafted so far this step, after
+        `copied` tokens copied from earlier text; whether it drafts one more (up to k). With no
+        confidences: whether to draft on where the copy stops, as likely to be reached as the
+        whole copy is to be accepted."""
         if not self.costs.ready:
             return True
-        all_accepted = math.prod(confidences)
-        n = len(confidences) + 1  # tokens in the target's pass so far
+        all_accepted = math.prod(confidences) * (self.copied.of(copied).rate ** copied if copied else 1.0)
+        n = copied + len(confidences) + 1  # tokens in the target's pass so far
         extra_seconds = self.costs.draft_token + self.costs.verify_seconds(n + 1) - self.costs.verify_seconds(n)
         if all_accepted * self.acceptance >= self.rate * extra_seconds:
             return True
@@ -253,7 +256,8 @@ class CostAwareK:
         self.costs.observe_catch_up(step.catch_up_tokens, step.catch_up_seconds)
         probed = bool(step.drafted) and not self.drafting and self.k > 0  # the probe it offered
         if step.drafted:
-            self.drafted.observe(step.accepted, rejected=step.accepted < step.drafted)
+            if step.judged:
+                self.drafted.observe(step.accepted, rejected=step.accepted < step.drafted)
             self.plain_steps = 0
             self.drafting_steps += 1
             self.exploring = self.drafting_steps % self.explore_every == self.explore_every - 1
@@ -354,14 +358,14 @@ class TimeLedger:
     def step_cost(self) -> float:
         return self.plain_step if self.plain_step is not None else self.costs.verify_seconds(1)
 
-    def allow(self, k: int, catch_up: int = 0) -> int:
+    def allow(self, k: int, catch_up: int = 0, copied: int = 0) -> int:
         """The longest draft, at most k, that the ledger allows now (0: a plain step); catch_up:
-        the decoded tokens the draft must read first. What a step may lose is priced by the cost
-        model, against a plain step as it prices one."""
+        the decoded tokens the draft must read first; copied: the copied tokens the step begins
+        with. What a step may lose is priced by the cost model, against a plain step as it prices one."""
         if k == 0 or not self.costs.ready:
             return k
         reading = catch_up * self.costs.catch_up_token
-        return self._longest(k, lambda n: reading + n * self.costs.draft_token + self.costs.verify_seconds(n + 1))
+        return self._longest(k, lambda n: reading + n * self.costs.draft_token + self.costs.verify_seconds(n + copied + 1))
 
     def allow_copies(self, n_copies: int) -> int:
         """The longest copy, at most n_copies tokens, that the ledger allows now: a copy costs the
@@ -370,14 +374,24 @@ class TimeLedger:
             return n_copies
         return self._longest(n_copies, lambda n: self.costs.verify_seconds(n + 1))
 
+    def rules(self, policy: CostAwareK, catch_up: int) -> tuple[Callable[[list[float], int], bool],
+                                                                 Callable[[int, int], int]]:
+        """The policy's keep_drafting and use_copies for one step, held to what the ledger allows:
+        a token drafted on after a copy spends from the account as one drafted alone does."""
+        def keep_drafting(confidences: list[float], copied: int = 0) -> bool:
+            n = len(confidences) + 1  # the draft if it drafts one more
+            return policy.keep_drafting(confidences, copied) and self.allow(n, catch_up, copied) == n
+
+        def use_copies(k: int, n_copies: int) -> int:
+            return self.allow_copies(policy.use_copies(k, n_copies))
+        return keep_drafting, use_copies
+
     def _longest(self, n_max: int, seconds: Callable[[int], float]) -> int:
         """The largest n <= n_max whose step, all of its proposals rejected, keeps the account in
         credit: seconds(n) less the plain step it replaces within the budget (0: none does)."""
         plain = self.costs.verify_seconds(1)
         budget = self.saved + self.epsilon * self.elapsed + plain
         return next((n for n in range(n_max, 0, -1) if seconds(n) - plain <= budget), 0)
-
-
 
     def record(self, drafted: int, emitted: int, seconds: float) -> None:
         """A step's proposed tokens (copies included), its emitted ones and its decoding seconds."""

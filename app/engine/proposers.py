@@ -24,13 +24,15 @@ class Draft:
     # plain steps): a one-off catch-up, not a cost per drafted token.
     catch_up_seconds: float = 0.0
     catch_up_tokens: int = 0
-    # Trailing tokens looked up in earlier text on top of the proposer's own (which it drafted at
-    # the policy's k); the policy learns the proposer's cost and acceptance from its own alone.
+    # Tokens looked up in earlier text, not drafted by the proposer (which drafted its own at the
+    # policy's k): the first `lead` of the step's tokens (a copy the draft model continued), and
+    # those after its own. The policy learns the proposer's cost and acceptance from its own alone.
     looked_up: int = 0
     # The step's copy of earlier text, proposed or passed over: its tokens and the step's position
     # they would take (0: the step's first token), so that the policy learns whether copies pay.
     copies: list[int] = field(default_factory=list)
     copies_at: int = 0
+    lead: int = 0
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -39,10 +41,15 @@ class Draft:
     def own(self) -> int:
         return len(self) - self.looked_up
 
+    def copied(self, position: int) -> bool:
+        """Whether the step's token at `position` was looked up rather than drafted."""
+        return not self.lead <= position < self.lead + self.own
+
 
 # Called after each drafted token with the draft's probability of each token drafted so far in
-# this step: whether to draft one more (see the policies' keep_drafting).
-KeepDrafting = Callable[[list[float]], bool]
+# this step and the number of copied tokens before them: whether to draft one more (see the
+# policies' keep_drafting). Called with no probabilities after a copy: whether to draft on from it.
+KeepDrafting = Callable[[list[float], int], bool]
 # Called where earlier text offers a copy, with (the policy's k, tokens the copy offers): how many
 # of them to propose, 0 for none (see the policies' use_copies).
 UseCopies = Callable[[int, int], int]
@@ -133,6 +140,12 @@ def _taken(copies: list[int], matched: int, k: int, use_copies: UseCopies | None
     return len(copies) if use_copies is None else max(0, min(int(use_copies(k, len(copies))), len(copies)))
 
 
+def _certain(token_ids: list[int], like: torch.Tensor) -> torch.Tensor:
+    """[len(token_ids), V]: for each token a distribution certain of it, as `like` [n, V] is typed and placed."""
+    certain = torch.zeros(len(token_ids), like.shape[-1], dtype=like.dtype, device=like.device)
+    return certain.scatter_(1, torch.tensor(token_ids, device=like.device, dtype=torch.long).view(-1, 1), 1.0)
+
+
 class _Committed:
     """Shared bookkeeping: the committed tokens and the last draft."""
 
@@ -190,16 +203,17 @@ class DraftModelProposer(_Committed):
         how much of a copy of earlier text to propose where there is one (None: all)."""
         limit = k if limit is None else limit
         copies, matched = self._looked_up([], limit)
-        taken = _taken(copies, matched, k, use_copies)
-        if taken:
-            # the model need not run, nor first be fed what it has not seen
-            return self._draft(torch.tensor(copies[:taken]), None, looked_up=taken, copies=copies)
-        if k == 0:
-            return self._draft(torch.empty(0, dtype=torch.long), None, copies=copies)
+        lead = copies[: _taken(copies, matched, k, use_copies)]
+        if (k == 0 or len(lead) >= limit or (lead and lead[-1] in self.stop_tokens)
+                or (lead and keep_drafting is not None and not keep_drafting([], len(lead)))):
+            # a copy alone, or a plain step: the model need not run, nor first be fed what it has not seen
+            return self._draft(torch.tensor(lead, dtype=torch.long), None, looked_up=len(lead), copies=copies,
+                               lead=len(lead))
         # Feed what was committed since the cache last grew: usually the target's last token, after
         # a fully accepted draft also the last draft token; the prompt on the first draft, and the
         # tokens of plain steps after them. A few go with the first draft step (one pass over a
-        # few tokens costs about what a pass over one does); a long catch-up is timed apart.
+        # few tokens costs about what a pass over one does); a long catch-up is timed apart. A
+        # copy the step begins with goes with it too: the model drafts on from where it stops.
         pending = self.ids[self.model.length :]
         catch_up_seconds, catch_up_tokens = 0.0, self.behind()
         if catch_up_tokens:
@@ -208,12 +222,12 @@ class DraftModelProposer(_Committed):
             synchronize(self.model.device)
             catch_up_seconds = time.perf_counter() - start
             pending = pending[-1:]
-        logits = self._logits(pending)
+        logits = self._logits(pending + lead)
         drafted: list[int] = []  # token ids, on the host for the stop and lookup checks
         probs, looked_up, confidences = [], [], []
-        for i in range(k):
+        for i in range(min(k, limit - len(lead))):
             # penalised as the target's row for this token will be, so that the two agree
-            text = self.ids[-self.params.repeat_last_n :] + drafted
+            text = self.ids[-self.params.repeat_last_n :] + lead + drafted
             columns_of = None if self.vocabulary is None else self.vocabulary.columns_of
             logits = penalize_repeats(logits.unsqueeze(0), text, [], self.params, columns_of)[0]
             step_probs = logits_to_probs(logits, self.params)
@@ -223,12 +237,12 @@ class DraftModelProposer(_Committed):
             if keep_drafting is not None:
                 # Reading the probability (and the token, above) are the draft loop's host syncs.
                 confidences.append(float(step_probs[choice]))
-                if not keep_drafting(confidences):
+                if not keep_drafting(confidences, len(lead)):
                     break
             if drafted[-1] in self.stop_tokens:
                 break  # nothing after the answer's end is ever emitted
             if self.lookup_tokens:
-                looked_up, matched = self._looked_up(drafted, limit - len(drafted))
+                looked_up, matched = self._looked_up(lead + drafted, limit - len(lead) - len(drafted))
                 looked_up = looked_up[: _taken(looked_up, matched, k, use_copies)]  # none taken: the model drafts on
             if looked_up or i == k - 1:
                 break  # earlier text continues from here: the rest is looked up, not drafted
@@ -236,16 +250,14 @@ class DraftModelProposer(_Committed):
         probs = torch.stack(probs)
         if self.vocabulary is not None:
             probs = self.vocabulary.spread(probs)
-        if looked_up:
-            # A looked-up token is drawn from a distribution certain of it: rejection sampling then
-            # accepts it with the target's own probability, so the output stays exact.
-            certain = torch.zeros(len(looked_up), probs.shape[-1], dtype=probs.dtype)
-            certain.scatter_(1, torch.tensor(looked_up).view(-1, 1), 1.0)
-            probs = torch.cat([probs, certain.to(probs.device)])
-        tokens = torch.tensor(drafted + looked_up)
-        # the copy taken after drafted tokens, else the one passed over at the start (the policy learns from both)
-        copies, copies_at = (looked_up, len(drafted)) if looked_up else (copies, 0)
-        return self._draft(tokens, probs, len(looked_up), catch_up_seconds, catch_up_tokens, copies, copies_at)
+        # A looked-up token is drawn from a distribution certain of it: rejection sampling then
+        # accepts it with the target's own probability, so the output stays exact.
+        probs = torch.cat([_certain(lead, probs), probs, _certain(looked_up, probs)])
+        tokens = torch.tensor(lead + drafted + looked_up)
+        # the copy taken, else the one passed over at the start (the policy learns from both)
+        copies, copies_at = (looked_up, len(lead) + len(drafted)) if looked_up else (copies, 0)
+        return self._draft(tokens, probs, len(lead) + len(looked_up), catch_up_seconds, catch_up_tokens, copies,
+                           copies_at, len(lead))
 
     def _looked_up(self, drafted: list[int], limit: int) -> tuple[list[int], int]:
         """Tokens that followed an earlier match of the committed and drafted tokens' end, and how
@@ -259,9 +271,9 @@ class DraftModelProposer(_Committed):
 
     def _draft(self, tokens: torch.Tensor, probs: torch.Tensor | None, looked_up: int = 0,
                catch_up_seconds: float = 0.0, catch_up_tokens: int = 0, copies: list[int] | None = None,
-               copies_at: int = 0) -> Draft:
+               copies_at: int = 0, lead: int = 0) -> Draft:
         self.last_draft = tokens.tolist()
-        return Draft(tokens, probs, catch_up_seconds, catch_up_tokens, looked_up, copies or [], copies_at)
+        return Draft(tokens, probs, catch_up_seconds, catch_up_tokens, looked_up, copies or [], copies_at, lead)
 
     def _logits(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
         """Feeds token_ids -> the logits of the last position [V], or [S] over the vocabulary."""
