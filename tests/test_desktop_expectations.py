@@ -308,3 +308,191 @@ def test_the_charts_have_axes_and_show_the_drafted_lengths(qtbot, make_window):
     assert histogram.axis_labels()[0] == f"{most} step{'s' if most != 1 else ''}"
     assert trace.axis_labels() == ("100%", "0%", f"step 1 to {len(answer.stats.acceptance_trace)}")
     assert not histogram.grab().isNull() and not trace.grab().isNull()  # they paint with them
+
+
+def test_presets_are_picked_per_chat_saved_shared_and_the_built_in_ones_stay(qtbot, make_window, tmp_path):
+    from app.chat.presets import BUILT_IN_NAMES, PresetBook, PresetError
+
+    window = make_window()
+    presets, c = window.presets, window.controls
+    assert {"Precise", "Creative", "Code"} <= set(presets.book.names())
+    # a preset for the open chat: the controls take its settings, the chat its name and system prompt
+    presets.pick("Code")
+    assert c.temperature.value() == 0.0 and c.max_new_tokens.value() == 2048
+    assert window.conversation.system_prompt.startswith("You are an expert programmer")
+    c.max_new_tokens.setValue(24)
+    presets.pick("Creative")
+    assert c.temperature.value() == pytest.approx(0.9) and c.top_p.value() == pytest.approx(0.95)
+    with pytest.raises(PresetError):
+        presets.book.delete("Creative")
+    presets.combo.setCurrentIndex(presets.combo.findData("Creative"))
+    presets._update_actions()
+    assert not presets.delete_action.isEnabled()
+
+    # the current settings saved as a preset, applied to another chat, which keeps it
+    c.temperature.setValue(0.4)
+    c.k.setValue(5)
+    c.adaptive.setChecked(False)
+    c.max_new_tokens.setValue(20)
+    window.controller.set_system_prompt("Answer in t-words only.")
+    presets.save_current("Terse")
+    send_and_wait(qtbot, window, "t1 t2")
+    first_chat = window.conversation.id
+    window.new_chat()
+    window.controller.set_system_prompt("")
+    presets.pick("Precise")
+    assert c.temperature.value() == 0.0 and c.adaptive.isChecked()
+    presets.pick("Terse")
+    assert (c.temperature.value(), c.k.value(), c.adaptive.isChecked(), c.max_new_tokens.value()) == (0.4, 5, False, 20)
+    assert window.conversation.system_prompt == "Answer in t-words only."
+    send_and_wait(qtbot, window, "t3 t4")
+    second_chat = window.conversation.id
+    presets.pick("Precise")  # the settings change, and so does this chat's preset ...
+    window.open_chat(first_chat)  # ... while the first chat keeps its own
+    assert presets.combo.currentData() == "Terse" and c.temperature.value() == pytest.approx(0.4)
+    assert window.store.load_chat(second_chat).preset == "Precise"
+
+    # shared as a file: exported, imported into another book; a built-in name is kept apart
+    exported = tmp_path / "terse.json"
+    presets.export_current(str(exported))
+    other = PresetBook(tmp_path / "elsewhere" / "presets.json")
+    assert other.import_file(exported) == ["Terse"] and other.get("Terse") == presets.book.get("Terse")
+    data = json.loads(exported.read_text())
+    data["presets"][0]["name"] = "Precise"
+    exported.write_text(json.dumps(data))
+    assert other.import_file(exported) == ["Precise (imported)"]
+    assert set(BUILT_IN_NAMES) <= set(other.names())
+    # a damaged or foreign file is refused in one line, and the book stays as it was
+    data["presets"][0]["temperature"] = 7
+    exported.write_text(json.dumps(data))
+    with pytest.raises(PresetError, match="temperature"):
+        other.import_file(exported)
+    (tmp_path / "notes.json").write_text('{"a": 1}')
+    with pytest.raises(PresetError, match="not a presets file"):
+        other.import_file(tmp_path / "notes.json")
+    assert other.names() == PresetBook(other.path).names()
+
+
+def test_a_context_length_bounds_the_chat_and_overflow_drops_the_oldest_turns_when_asked(qtbot, make_window):
+    from app.chat.session import Overflow
+
+    window = make_window(max_new_tokens=16)
+    c = window.controls
+    assert c.context.maximum() == 256  # the tiny model's own
+    engine = window.controller.engine
+    c.context.setValue(128)
+    with qtbot.waitSignal(window.models_ready, timeout=20_000):
+        c.context.editingFinished.emit()
+    assert window.controller.engine.target.context_length == 128
+    long_question = " ".join(f"t{i % 90 + 3}" for i in range(60))
+    send_and_wait(qtbot, window, long_question)
+    assert "/ 128 tokens" in window.acceptance.context.format()  # the meter shows the limit in force
+
+    # stop and say so: the next question does not fit, and nothing is lost
+    window.composer.setPlainText(long_question)
+    window.send_button.click()
+    qtbot.waitUntil(lambda: window.last_error is not None and "128" in window.last_error, timeout=20_000)
+    assert len(window.conversation.messages) == 3 and window.conversation.messages[-1].role == "user"
+
+    # drop the oldest turns: answered, and the window says what was left out
+    c.overflow.setCurrentIndex(c.overflow.findData(Overflow.DROP_OLDEST.value))
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000):
+        window.answer_pending()
+    assert window.conversation.messages[-1].role == "assistant" and window.conversation.messages[-1].stats.emitted
+    assert "2 oldest messages were left out" in window.statusBar().currentMessage()
+    assert engine is not window.controller.engine
+
+
+def test_a_context_whose_caches_would_not_fit_is_refused_at_the_load(monkeypatch):
+    from app.engine import memory_check
+    from app.engine.engine import SpeculativeEngine
+    from app.engine.errors import ModelError
+    from tests.tiny import tiny_model
+
+    target = tiny_model(seed=1)
+    engine = SpeculativeEngine(target, tiny_model(seed=1))
+    target.context_limit = 200
+    engine.check_context_fits()  # a few kilobytes
+    monkeypatch.setattr(memory_check, "memory_left", lambda: 2**20)  # 1 MiB left
+    with pytest.raises(ModelError, match="A context of 200 tokens needs about"):
+        engine.check_context_fits()
+
+
+def text_pdf(path, pages: list[str]) -> None:
+    """A PDF whose pages hold these lines of text (Helvetica), written object by object."""
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>", None, "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    kids = []
+    for text in pages:
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET"
+        objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
+        objects.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {len(objects)} 0 R "
+                       "/Resources << /Font << /F1 3 0 R >> >> >>")
+        kids.append(f"{len(objects)} 0 R")
+    objects[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {len(kids)} >>"
+    out, offsets = b"%PDF-1.4\n", []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n".encode()
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    path.write_bytes(out)
+
+
+def test_documents_go_in_as_text_with_their_size_and_one_too_long_or_scanned_is_refused(qtbot, make_window, tmp_path):
+    import docx
+    from pypdf import PdfWriter
+
+    window = make_window()
+    text_pdf(tmp_path / "report.pdf", ["t11 t12 t13", "t14 t15"])
+    word = docx.Document()
+    word.add_paragraph("t21 t22")
+    word.add_table(rows=1, cols=2).rows[0].cells[0].text = "t23"
+    word.save(tmp_path / "notes.docx")
+    (tmp_path / "page.html").write_text("<html><head><style>p {}</style><script>t99()</script></head>"
+                                        "<body><h1>t31</h1><p>t32 <b>t33</b></p></body></html>")
+    window.messages.insert_files([tmp_path / "report.pdf", tmp_path / "notes.docx", tmp_path / "page.html"])
+    typed = window.composer.toPlainText()
+    assert "`report.pdf` (2 pages):" in typed and "t11 t12 t13\n\nt14 t15" in typed
+    assert "`notes.docx` (" in typed and "t21 t22\nt23 |" in typed
+    assert "t31\nt32\nt33" in typed and "t99" not in typed
+    assert "Attached report.pdf (2 pages, " in window.statusBar().currentMessage()
+
+    # a scanned PDF (pages without text) and one longer than the context's room: refused, nothing goes in
+    scanned = PdfWriter()
+    scanned.add_blank_page(612, 792)
+    scanned.write(tmp_path / "scan.pdf")
+    text_pdf(tmp_path / "book.pdf", [" ".join(f"t{i % 90 + 3}" for i in range(100))] * 4)
+    window.composer.clear()
+    window.messages.insert_files([tmp_path / "scan.pdf", tmp_path / "book.pdf"])
+    said = window.statusBar().currentMessage()
+    assert window.composer.toPlainText() == ""
+    assert "scan.pdf (1 page) has no text layer" in said
+    assert "book.pdf is 4" in said and "and the context has room for" in said and "(of 256)" in said
+    (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4 not really")
+    window.messages.insert_files([tmp_path / "broken.pdf"])
+    assert "broken.pdf is not a PDF that can be read" in window.statusBar().currentMessage()
+
+
+def test_the_device_is_chosen_in_the_window_and_specchat_device_overrides_it(qtbot, make_window, monkeypatch):
+    from app.engine import devices
+
+    monkeypatch.delenv("SPECCHAT_DEVICE", raising=False)
+    monkeypatch.setattr(devices, "gpus", lambda: [("cuda:0", "RTX 4090")])  # what torch would list on such a machine
+    window = make_window()
+    c = window.controls
+    assert [c.device_choice.itemData(i) for i in range(c.device_choice.count())] == ["auto", "cpu", "cuda:0"]
+    assert c.device_choice.itemText(2) == "GPU 0: RTX 4090"
+    with qtbot.waitSignal(window.models_ready, timeout=20_000):
+        c.device_choice.setCurrentIndex(c.device_choice.findData("cpu"))
+    assert c.device.text() == "CPU: chosen in the window"
+    with qtbot.waitSignal(window.models_ready, timeout=20_000):  # this machine has no CUDA: said, and the CPU runs
+        c.device_choice.setCurrentIndex(c.device_choice.findData("cuda:0"))
+    assert c.device.text() == "CPU: the window asks for cuda:0, which torch does not see"
+    monkeypatch.setenv("SPECCHAT_DEVICE", "cpu")
+    with qtbot.waitSignal(window.models_ready, timeout=20_000):
+        window.load_models()
+    assert c.device.text() == "CPU: chosen by SPECCHAT_DEVICE, over the window's cuda:0"
+    close_window(window)
+    assert make_window().controls.device_choice.currentData() == "cuda:0"  # kept across a restart

@@ -114,7 +114,7 @@ def test_on_a_gpu_the_old_pair_goes_before_the_new_one_loads_and_precisions_relo
     Choosing another target frees the old one (and the GPU's cached blocks) before the new loads."""
     from app.engine import calibration
 
-    monkeypatch.setattr(devices, "pick_device", lambda: (torch.device("cuda"), torch.bfloat16, "CUDA: test"))
+    monkeypatch.setattr(devices, "pick_device", lambda chosen="auto": (torch.device("cuda"), torch.bfloat16, "CUDA: test"))
     released, loads, alive = [], [], {}
     monkeypatch.setattr(devices, "release_cached", lambda device: released.append(device.type))
     monkeypatch.setattr(calibration, "calibrate_remembered", lambda engine: True)

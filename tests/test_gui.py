@@ -129,7 +129,7 @@ def test_on_a_gpu_the_cpus_precision_pickers_are_greyed_out_and_say_why(make_win
 
     from app.engine import devices
 
-    monkeypatch.setattr(devices, "pick_device", lambda: (torch.device("cuda"), torch.bfloat16, "CUDA: RTX 4090 (bfloat16)"))
+    monkeypatch.setattr(devices, "pick_device", lambda chosen="auto": (torch.device("cuda"), torch.bfloat16, "CUDA: RTX 4090 (bfloat16)"))
     controls = make_window().controls
     assert controls.device.text() == "CUDA: RTX 4090 (bfloat16)"
     for picker in (controls.precision, controls.draft_precision, controls.kv_cache):

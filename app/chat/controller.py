@@ -40,6 +40,8 @@ class ModelsReady:
     new_target: bool  # another target than the pair loaded before (or the first)
     served: Served | None = None  # a target on a server (None: it runs here)
     on_gpu: bool = False  # the pair runs on a GPU: the precision pickers (the CPU's) do not apply
+    max_context: int = 0  # the longest context the target was made for (0: unknown)
+    gpus: tuple[tuple[str, str], ...] = ()  # (device, name) of each GPU torch sees
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class ChatController:
         self.step = Event()  # (Step), after the answer took it in
         self.finished = Event()  # (changed: Message | None, kind: RequestKind)
         self.error = Event()  # (title, message)
+        self.notice = Event()  # (message): something the user should know, not an error
 
     # ---- models ---------------------------------------------------------------------------------
     def load(self, chosen: LoadOptions) -> None:
@@ -133,7 +136,7 @@ class ChatController:
             engine.draft_refused, self.models.device_text or "", switches_thinking(target.tokenizer),
             previous is None or previous.target != chosen.target,
             Served(target.name, engine.served_models, engine.speculation.note) if self.served_by else None,
-            self.models.on_gpu))
+            self.models.on_gpu, getattr(target, "max_context", target.context_length), tuple(self.models.gpus)))
 
     def crashed_load(self) -> tuple[str, LoadOptions | None] | None:
         """(what to tell, the choice to load instead or None to load the same) when the last run
@@ -267,6 +270,11 @@ class ChatController:
         self.session.set_system_prompt(text)
         self._report_save_errors()
 
+    def set_preset(self, name: str, system_prompt: str) -> None:
+        """The open chat's preset (its name) and the system prompt it brings."""
+        self.session.set_preset(name, system_prompt)
+        self._report_save_errors()
+
     def show_version(self, index: int, version: int) -> bool:
         """Shows another version of the answer at messages[index]; True when that made a fork.
         The last answer flips in place; an earlier one forks, showing that version there, so
@@ -342,6 +350,10 @@ class ChatController:
         self._cancel = cancel = threading.Event()
         self._stop_waiting = asyncio.Event()
         self.started.emit(request.kind)
+        if request.left_out:
+            context = self.engine.target.context_length
+            self.notice.emit(f"The chat is longer than its context of {context:,} tokens: its {request.left_out} "
+                             f"oldest {'messages were' if request.left_out > 1 else 'message was'} left out of this answer's prompt.")
         self._generation = self.spawn(self._generate(self.engine, request, cancel))
         return True
 
@@ -374,6 +386,16 @@ class ChatController:
                 self._report_save_errors()
                 self._forget_deleted_chats()  # one the answer's request held
                 self.finished.emit(changed, request.kind)
+
+    def context_room(self, text: str, adding: str) -> tuple[int, int, int] | None:
+        """For a message `text` that `adding` (a document) would join: (the tokens `adding` takes,
+        the tokens left for it in the context beside the chat and `text`, the context's length);
+        None before the models load."""
+        if self.engine is None:
+            return None
+        tokenizer, context = self.engine.target.tokenizer, self.engine.target.context_length
+        used = len(self.session.prompt_ids_for(text, self.engine))
+        return len(tokenizer(adding, add_special_tokens=False)["input_ids"]), context - used, context
 
     def prompt_tokens(self) -> int:
         """The running request's prompt length (0: none runs)."""

@@ -171,6 +171,7 @@ class Conversation:
     updated: float = field(default_factory=time.time)
     system_prompt: str = ""  # sent before the messages when not empty
     parent_id: int | None = None  # the chat this one was forked from
+    preset: str = ""  # the name of the preset picked for it ('': none)
 
     def fork(self, upto: int, shown: int | None = None) -> Conversation:
         """A new chat (not yet saved) with this one's messages up to and including messages[upto],
@@ -181,7 +182,7 @@ class Conversation:
         if shown is not None:
             messages[-1].show(shown)
         return Conversation(title=f"{self.title} (fork)", messages=messages, system_prompt=self.system_prompt,
-                            parent_id=self.id)
+                            parent_id=self.id, preset=self.preset)
 
     def prompt_messages(self, upto: int | None = None) -> list[dict[str, str]]:
         """The chat as the model sees it: the system prompt, then messages[:upto]."""

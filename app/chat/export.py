@@ -38,7 +38,7 @@ def to_markdown(conversation: Conversation) -> str:
 
 def to_json(conversation: Conversation) -> str:
     return json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "title": conversation.title,
-                       "system_prompt": conversation.system_prompt, "updated": conversation.updated,
+                       "system_prompt": conversation.system_prompt, "preset": conversation.preset, "updated": conversation.updated,
                        "messages": [_message_dict(m) for m in conversation.messages]}, ensure_ascii=False, indent=1)
 
 
@@ -75,7 +75,8 @@ def from_json(text: str) -> Conversation:
                     for m in data["messages"]]
         if any(m.role not in ("user", "assistant") for m in messages):
             raise ValueError("a message's role is neither user nor assistant")
-        return Conversation(title=str(data["title"]), messages=messages, system_prompt=str(data.get("system_prompt", "")))
+        return Conversation(title=str(data["title"]), messages=messages, system_prompt=str(data.get("system_prompt", "")),
+                            preset=str(data.get("preset", "")))
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ChatFileError(f"The chat file is damaged: {type(error).__name__}: {error}") from error
 

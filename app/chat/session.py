@@ -29,12 +29,19 @@ class RequestKind(str, Enum):
     CONTINUE = "continue"  # the last answer goes on from where it stopped; it grows in place
 
 
+class Overflow(str, Enum):
+    """What happens when a chat outgrows the context."""
+    STOP = "stop"  # the request is refused, saying so
+    DROP_OLDEST = "drop"  # the oldest turns are left out of the prompt (the system prompt stays)
+
+
 @dataclass(frozen=True)
 class Request:
     kind: RequestKind
     prompt_ids: list[int]
     options: GenerationOptions
     rounding_note: str | None = None  # the engine's: why greedy output may part between its modes
+    left_out: int = 0  # the oldest messages left out of the prompt, for the context (Overflow.DROP_OLDEST)
 
 
 def describe(options: GenerationOptions, draft_model: bool = True) -> str:
@@ -80,6 +87,7 @@ class ChatSession:
         self.request: Request | None = None
         self.builder: AnswerBuilder | None = None
         self.errors: list[str] = []  # save failures for the window to show; the data stays in memory
+        self.overflow = Overflow.STOP  # what happens when a chat outgrows the context
         self.thinking = True  # False: reasoning models whose template can switch thinking off answer directly
         self._saved_at = 0.0
         self._streaming_id: int | None = None  # the streaming answer's row in the store, once saved
@@ -116,6 +124,13 @@ class ChatSession:
         self.conversation.system_prompt = text
         if self.conversation.id is not None:
             self._save(lambda: self.store.set_system_prompt(self.conversation.id, text))
+
+    def set_preset(self, name: str, system_prompt: str) -> None:
+        """The chat's preset, and the system prompt it brings (saved)."""
+        self.set_system_prompt(system_prompt)
+        self.conversation.preset = name
+        if self.conversation.id is not None:
+            self._save(lambda: self.store.set_preset(self.conversation.id, name))
 
     def show_version(self, index: int, version: int) -> None:
         """Flips the answer at messages[index] to another of its versions (saved)."""
@@ -198,6 +213,9 @@ class ChatSession:
                options: GenerationOptions, continues: Message | None = None) -> Request:
         tokenizer = engine.target.tokenizer
         prompt_ids = chat_prompt_ids(tokenizer, prompt, self.thinking)
+        left_out = 0
+        if self.overflow is Overflow.DROP_OLDEST:
+            prompt, prompt_ids, left_out = self._within_context(prompt, prompt_ids, engine, options, continues)
         if options.seed is None:  # a fresh one, saved with the answer: Compare reruns it with the same
             options = replace(options, seed=draw_seed())
         # Compare reruns a continued answer's prompt in one go: with the budget of both parts.
@@ -210,9 +228,29 @@ class ChatSession:
                                      engine.target.context_length, settings_of(made_with), continues)
         if continues is not None:
             prompt_ids += continues.stats.token_ids
-        self.request = Request(kind, prompt_ids, options, engine.rounding_note)
+        self.request = Request(kind, prompt_ids, options, engine.rounding_note, left_out)
         self._saved_at, self._streaming_id, self._version_saved = self.clock(), None, False
         return self.request
+
+    def _within_context(self, prompt: list[dict], prompt_ids: list[int], engine: SpeculativeEngine,
+                        options: GenerationOptions, continues: Message | None) -> tuple[list[dict], list[int], int]:
+        """The prompt with its oldest turns left out (a question with its answers at a time, the
+        system prompt kept, the last question never) until it leaves the answer room in the
+        context: its whole length, or a quarter of the context if less. -> (prompt, its ids, the
+        number of messages left out)."""
+        context = engine.target.context_length
+        room = min(options.max_new_tokens, context // 4)
+        grown = len(continues.stats.token_ids) if continues is not None else 0  # a continued answer's own tokens
+        first = 1 if prompt and prompt[0]["role"] == "system" else 0
+        left_out = 0
+        while len(prompt_ids) + grown + room > context and len(prompt) - first > 1:
+            dropped = 1
+            while first + dropped < len(prompt) - 1 and prompt[first + dropped]["role"] != "user":
+                dropped += 1  # a question goes with its answers
+            prompt = prompt[:first] + prompt[first + dropped:]
+            left_out += dropped
+            prompt_ids = chat_prompt_ids(engine.target.tokenizer, prompt, self.thinking)
+        return prompt, prompt_ids, left_out
 
     def streaming_message(self) -> Message | None:
         """The answer as it grows (None while comparing: that run is not part of the chat)."""

@@ -46,6 +46,7 @@ ADDED_COLUMNS = [
     ("messages", "versions", "TEXT NOT NULL DEFAULT '[]'"),
     ("messages", "shown", "INTEGER NOT NULL DEFAULT 0"),
     ("chats", "parent_id", "INTEGER"),  # the chat a fork was made from (not a foreign key: forks outlive it)
+    ("chats", "preset", "TEXT NOT NULL DEFAULT ''"),  # the preset picked for the chat ('': none)
 ]
 
 
@@ -141,16 +142,12 @@ class ChatStore:
             return db.execute(sql, args).lastrowid
 
     def create_chat(self, conversation: Conversation) -> None:
-        conversation.id = self._write("INSERT INTO chats (title, updated, system_prompt, parent_id) VALUES (?, ?, ?, ?)",
-                                      (conversation.title, conversation.updated, conversation.system_prompt,
-                                       conversation.parent_id))
+        conversation.id = self._write(CREATE_CHAT, _chat_row(conversation))
 
     def save_chat(self, conversation: Conversation) -> None:
         """A whole chat saved as a new one, in one transaction (a fork, an import)."""
         with self._transaction("the chat") as db:
-            conversation.id = db.execute(
-                "INSERT INTO chats (title, updated, system_prompt, parent_id) VALUES (?, ?, ?, ?)",
-                (conversation.title, conversation.updated, conversation.system_prompt, conversation.parent_id)).lastrowid
+            conversation.id = db.execute(CREATE_CHAT, _chat_row(conversation)).lastrowid
             for message in conversation.messages:
                 message.id = db.execute(
                     "INSERT INTO messages (chat_id, role, content, tokens, stats, created, versions, shown) "
@@ -198,6 +195,9 @@ class ChatStore:
     def set_system_prompt(self, chat_id: int, text: str) -> None:
         self._write("UPDATE chats SET system_prompt = ? WHERE id = ?", (text, chat_id))
 
+    def set_preset(self, chat_id: int, name: str) -> None:
+        self._write("UPDATE chats SET preset = ? WHERE id = ?", (name, chat_id))
+
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._write("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
 
@@ -228,12 +228,14 @@ class ChatStore:
 
     def load_chat(self, chat_id: int) -> Conversation:
         with self._reading("the chat") as db:
-            row = db.execute("SELECT title, updated, system_prompt, parent_id FROM chats WHERE id = ?", (chat_id,)).fetchone()
+            row = db.execute("SELECT title, updated, system_prompt, parent_id, preset FROM chats WHERE id = ?",
+                             (chat_id,)).fetchone()
             if row is None:
                 raise KeyError(chat_id)
             rows = db.execute("SELECT id, role, content, tokens, stats, created, versions, shown FROM messages "
                               "WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
-        conversation = Conversation(title=row[0], id=chat_id, updated=row[1], system_prompt=row[2], parent_id=row[3])
+        conversation = Conversation(title=row[0], id=chat_id, updated=row[1], system_prompt=row[2], parent_id=row[3],
+                                    preset=row[4])
         for message_id, role, content, tokens, stats, created, versions, shown in rows:
             conversation.messages.append(Message(
                 role=role, content=content, tokens=[TokenRecord(**t) for t in json.loads(tokens)],
@@ -242,6 +244,14 @@ class ChatStore:
                 shown=shown,
             ))
         return conversation
+
+
+CREATE_CHAT = "INSERT INTO chats (title, updated, system_prompt, parent_id, preset) VALUES (?, ?, ?, ?, ?)"
+
+
+def _chat_row(conversation: Conversation) -> tuple:
+    return (conversation.title, conversation.updated, conversation.system_prompt, conversation.parent_id,
+            conversation.preset)
 
 
 def _stats_json(message: Message) -> str:

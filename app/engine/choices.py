@@ -141,6 +141,10 @@ class LoadOptions:
     # chat template; the draft, if any, is the server's own.
     server: str = ""
     server_model: str = ""
+    # The context a chat may fill, in tokens (0: the target's maximum): a smaller one bounds the
+    # caches' memory, checked when the models load.
+    context_length: int = 0
+    device: str = "auto"  # "auto" (a GPU where torch sees one), "cpu", "cuda:N", "mps"; SPECCHAT_DEVICE overrides it
 
     @property
     def kv_cache_dtype(self) -> torch.dtype:

@@ -14,21 +14,40 @@ import os
 import torch
 
 
-def pick_device() -> tuple[torch.device, torch.dtype, str]:
-    """The device, its dtype, and why, in words for the UI."""
-    wanted = os.environ.get("SPECCHAT_DEVICE", "").strip().lower()
+AUTO = "auto"  # the window's device choice that lets pick_device decide
+
+
+def gpus() -> list[tuple[str, str]]:
+    """(device, name) of each GPU torch sees: "cuda:N" for each CUDA card, "mps" for an Apple GPU."""
+    found = [(f"cuda:{index}", torch.cuda.get_device_name(index)) for index in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return found + ([("mps", "Apple GPU")] if torch.backends.mps.is_available() else [])
+
+
+def pick_device(chosen: str = AUTO) -> tuple[torch.device, torch.dtype, str]:
+    """The device, its dtype, and why, in words for the UI. chosen: the window's choice, "auto"
+    (a GPU where torch sees one), "cpu", "cuda:N" or "mps"; SPECCHAT_DEVICE overrides it, and says so."""
+    forced = os.environ.get("SPECCHAT_DEVICE", "").strip().lower()
+    wanted = forced or ("" if chosen == AUTO else chosen)
+    by = "in the window"
+    if forced:
+        by = "SPECCHAT_DEVICE" + (f", over the window's {chosen}" if chosen not in (AUTO, forced) else "")
     if wanted == "cpu":
-        return torch.device("cpu"), torch.float32, "CPU: chosen by SPECCHAT_DEVICE"
-    if wanted in ("", "cuda") and torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
+        return torch.device("cpu"), torch.float32, f"CPU: chosen by {by}" if forced else "CPU: chosen in the window"
+    index = int(wanted.partition(":")[2] or 0) if wanted.startswith("cuda") else 0
+    if (wanted == "" or wanted.startswith("cuda")) and torch.cuda.is_available() and (
+            ":" not in wanted or index < torch.cuda.device_count()):
+        device = torch.device("cuda", index) if ":" in wanted else torch.device("cuda")
+        name = torch.cuda.get_device_name(index)
         if torch.cuda.is_bf16_supported():
-            return torch.device("cuda"), torch.bfloat16, f"CUDA: {name} (bfloat16)"
+            return device, torch.bfloat16, f"CUDA: {name} (bfloat16)"
         # cards before Ampere have no bfloat16 arithmetic: float16 keeps them on the GPU
-        return torch.device("cuda"), torch.float16, f"CUDA: {name} (float16: this card has no bfloat16)"
+        return device, torch.float16, f"CUDA: {name} (float16: this card has no bfloat16)"
     if wanted in ("", "mps") and torch.backends.mps.is_available():
         return torch.device("mps"), torch.float16, "Apple GPU (MPS, float16)"
     if wanted:
-        return torch.device("cpu"), torch.float32, f"CPU: SPECCHAT_DEVICE asks for {wanted}, which torch does not see"
+        asks = "SPECCHAT_DEVICE asks" if forced else "the window asks"
+        return torch.device("cpu"), torch.float32, f"CPU: {asks} for {wanted}, which torch does not see"
     return torch.device("cpu"), torch.float32, "CPU: no CUDA or Apple GPU visible to torch"
 
 

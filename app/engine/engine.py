@@ -17,7 +17,7 @@ from .choices import COMMON_TOKENS, GenerationOptions, ProposerKind, draw_seed
 from .draft_vocabulary import DraftVocabulary
 from .errors import EngineBusyError, IncompatibleModelsError, PromptTooLongError
 from .loop import Limits, read_ahead_into, speculative_generate
-from .memory_check import check_caches_fit
+from .memory_check import check_caches_fit, check_context_fits
 from .lowbit import kernel
 from .models.loading import LoadedModel, check_compatible, shared_vocab_width
 from .policy import CostAwareK, CostModel, FixedK, TimeLedger, context_bucket
@@ -142,6 +142,11 @@ class SpeculativeEngine:
         per_token = sum(model.bytes_per_token for model in models)
         if sum(model.cache_bytes for model in models) < tokens * per_token:
             check_caches_fit(tokens, per_token, self.target.model.device)
+
+    def check_context_fits(self) -> None:
+        """Refuses (ModelError) a context whose caches, filled, would not fit the memory left."""
+        per_token = sum(model.bytes_per_token for model in self._cached_models())
+        check_context_fits(self.target.context_length, per_token, self.target.model.device)
 
     def forget(self) -> None:
         """Empty both models' caches and their kept copies: the next request reads its whole

@@ -124,6 +124,18 @@ def check_caches_fit(tokens: int, bytes_per_token: int, device=None) -> None:
             "chat, or lower the answer's length.")
 
 
+def check_context_fits(tokens: int, bytes_per_token: int, device=None) -> None:
+    """Raises ModelError when caches of a whole context of `tokens` tokens would not fit the memory
+    left (the machine's, or a GPU's): the context length the user chose is refused at the load,
+    not halfway through a long chat."""
+    try:
+        check_caches_fit(tokens, bytes_per_token, device)
+    except PromptTooLongError:
+        need = (tokens * bytes_per_token + WORKSPACE) / 2**30
+        raise ModelError(f"A context of {tokens:,} tokens needs about {need:.1f} GiB of memory for the models' "
+                         "caches, more than is free now: choose a shorter context length.") from None
+
+
 def cache_bytes_per_token(config, element_bytes: int) -> int:
     """The keys and values one token adds to a model's cache, every layer's."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads

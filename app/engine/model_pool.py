@@ -46,7 +46,9 @@ class ModelPool:
         self.crashed_load = _left_marker(load_marker)  # {"target", "draft"}: a load an earlier run died in
         self.device_text: str | None = None  # in words for the UI, once the first load picked the device
         self.on_gpu = False  # the last pair runs on a GPU: one float model each, whatever the precision
-        self.models: dict[tuple[str, Precision | None], LoadedModel] = {}  # (source, precision; None on a GPU) -> model
+        self.gpus: list[tuple[str, str]] = []  # (device, name) of each GPU torch sees, once the first load looked
+        # (source, precision (None on a GPU), device) -> model
+        self.models: dict[tuple[str, Precision | None, str], LoadedModel] = {}
         self.tokenizers: dict[str, PreTrainedTokenizerBase] = {}  # of every model loaded, kept after it goes (small)
         self._lock = threading.Lock()
         self._ticket = 0
@@ -66,19 +68,20 @@ class ModelPool:
         target's is dropped (SpeculativeEngine.for_pair)."""
         from .calibration import calibrate_remembered
         from .engine import SpeculativeEngine
-        from .devices import pick_device, release_cached
+        from .devices import gpus, pick_device, release_cached
         from .models.loading import load_model
 
         if chosen.server:
             return self._served(ticket, chosen, report)
         with self._lock:
-            device, dtype, self.device_text = pick_device()
+            device, dtype, self.device_text = pick_device(chosen.device)
+            self.gpus = gpus()
             self.on_gpu = device.type != "cpu"
             if not self.is_current(ticket):
                 return None
             picked = [(chosen.target, chosen.precision), (chosen.draft, chosen.draft_precision)]
             # a GPU runs every precision as the one float model: a picker's change reloads nothing
-            keys = [(source, precision if device.type == "cpu" else None) for source, precision in picked]
+            keys = [(source, precision if device.type == "cpu" else None, str(device)) for source, precision in picked]
             replaced = [key for key in self.models if key not in keys]
             for key in replaced:
                 del self.models[key]  # free a replaced model before loading the next
@@ -95,8 +98,11 @@ class ModelPool:
                         self.tokenizers[source] = self.models[key].tokenizer
                     if not self.is_current(ticket):
                         return None
+                self.models[keys[0]].context_limit = chosen.context_length
                 engine = SpeculativeEngine.for_pair(self.models[keys[0]], self.models[keys[1]],
                                                     chosen.draft_vocabulary, chosen.kv_cache_dtype)
+                if chosen.context_length:
+                    engine.check_context_fits()
                 if engine.draft_refused:
                     del self.models[keys[1]]  # a draft of another vocabulary: its memory back
                 report("Measuring draft and verification costs", None)

@@ -9,6 +9,7 @@ from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSpinBox, QTabWidget, QWidget)
 
+from ..chat.session import Overflow
 from ..engine.api import (CACHE_TYPES, CHAT_DEFAULTS, DEFAULTS, LOAD_DEFAULTS, GenerationOptions, LoadOptions,
                           Precision, ProposerKind, SamplingParams)
 
@@ -28,6 +29,7 @@ PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.B
 
 
 RANDOM_SEED = -1  # the seed picker's "random"
+MIN_CONTEXT = 128  # the shortest context length the picker takes (0: the model's maximum)
 
 
 class ControlsPanel(QTabWidget):
@@ -70,8 +72,27 @@ class ControlsPanel(QTabWidget):
         self.kv_cache.setToolTip("Keys and values the low-bit models keep for the conversation (llama.cpp's cache type).\n"
                                  "float16 halves their memory and reads faster on long chats; float32 rounds as the\n"
                                  "fp32 reference does. Plain and speculative decoding round alike with either.")
+        self.context = QSpinBox()
+        self.context.setRange(0, 1 << 20)
+        self.context.setSingleStep(1024)
+        self.context.setSpecialValueText("the model's maximum")
+        self.context.setSuffix(" tokens")
+        self.context.setToolTip(f"The tokens a chat may fill: the prompt, the conversation and the answer. A shorter\n"
+                                f"context bounds the models' memory (checked when they load); {MIN_CONTEXT:,} at least")
+        self.context.setAccessibleName("Context length")
+        self.overflow = QComboBox()
+        self.overflow.addItem("Stop and say so", Overflow.STOP.value)
+        self.overflow.addItem("Drop the oldest turns", Overflow.DROP_OLDEST.value)
+        self.overflow.setToolTip("When a chat outgrows the context: refuse the next question, or leave its oldest\n"
+                                 "turns out of the prompt (the system prompt stays; the window says which)")
         self.device = QLabel(device_text)
         self.device.setWordWrap(True)
+        self.device_choice = QComboBox()
+        self.device_choice.addItem("Auto", "auto")
+        self.device_choice.addItem("CPU", "cpu")
+        self.device_choice.setAccessibleName("Device")
+        self.device_choice.setToolTip("Where the models run: Auto takes a GPU where torch sees one; the GPUs appear once\n"
+                                      "the first models load. SPECCHAT_DEVICE, when set, overrides this choice")
         for combo in (self.target, self.draft, self.precision, self.draft_precision, self.kv_cache):
             # long names (a model's file, "(different vocabulary)") are cut, not widening the column
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
@@ -85,9 +106,17 @@ class ControlsPanel(QTabWidget):
         draft_row.addWidget(self.find_draft)
         form.addRow("Target", target_row)
         form.addRow("Draft", draft_row)
-        form.addRow("Target precision", self.precision)
-        form.addRow("Draft precision", self.draft_precision)
+        # two pickers a row: the tab widget is as tall as its tallest page (see the Sampling tab)
+        precision_row = QHBoxLayout()
+        precision_row.addWidget(self.precision, 1)
+        precision_row.addWidget(QLabel("draft"))
+        precision_row.addWidget(self.draft_precision, 1)
+        context_row = QHBoxLayout()
+        context_row.addWidget(self.context, 1)
+        context_row.addWidget(self.overflow, 1)
+        form.addRow("Precision", precision_row)
         form.addRow("KV cache", self.kv_cache)
+        form.addRow("Context", context_row)
         # The target on an OpenAI-compatible server (vLLM, another SpecChat): the Target picker then
         # gives the tokenizer and chat template, and the server drafts with its own draft.
         self.on_server = QCheckBox("use")
@@ -108,13 +137,18 @@ class ControlsPanel(QTabWidget):
         served_row.addWidget(self.server_state, 1)
         # rows of several widgets: each named for a screen reader (a single field takes its label's)
         for widget, name in ((self.target, "Target model"), (self.draft, "Draft model"),
+                             (self.precision, "Target precision"), (self.draft_precision, "Draft precision"),
+                             (self.overflow, "When a chat outgrows the context"),
                              (self.on_server, "Use a server for the target"), (self.server_url, "Server address"),
                              (self.server_model, "Served model")):
             widget.setAccessibleName(name)
         form.addRow("Server", server_row)
         form.addRow("Served model", served_row)
-        form.addRow("Device", self.device)
-        self._models_form, self._served_row = form, served_row
+        device_row = QHBoxLayout()
+        device_row.addWidget(self.device_choice)
+        device_row.addWidget(self.device, 1)
+        form.addRow("Device", device_row)
+        self._models_form, self._served_row, self._draft_row, self._precision_row = form, served_row, draft_row, precision_row
         self._cpu_pickers = {picker: picker.toolTip() for picker in (self.precision, self.draft_precision, self.kv_cache)}
         self._on_gpu = False  # the loaded pair runs on a GPU (show_device)
 
@@ -213,6 +247,9 @@ class ControlsPanel(QTabWidget):
         self.precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.draft_precision.currentIndexChanged.connect(lambda _: self.models_changed.emit())
         self.kv_cache.currentIndexChanged.connect(lambda _: self.models_changed.emit())
+        self.context.editingFinished.connect(self._context_edited)
+        self.device_choice.currentIndexChanged.connect(lambda _: self.models_changed.emit())
+        self._loaded_context = 0  # the context length of the last load (editing it again to the same loads nothing)
         self.add_model.clicked.connect(self.add_model_requested.emit)
         self.get_models.clicked.connect(self.get_models_requested.emit)
         self.find_draft.clicked.connect(self.find_draft_requested.emit)
@@ -229,6 +266,40 @@ class ControlsPanel(QTabWidget):
         if not on or self.server_url.text().strip():  # on, with no address yet: Connect loads
             self.models_changed.emit()
 
+    def _context_edited(self) -> None:
+        if 0 < self.context.value() < MIN_CONTEXT:
+            self.context.setValue(MIN_CONTEXT)
+        if self.context.value() != self._loaded_context:
+            self.models_changed.emit()
+
+    def show_max_context(self, tokens: int) -> None:
+        """The loaded target's longest context: the most the context length may be set to."""
+        self._loaded_context = self.context.value()
+        if tokens:
+            self.context.setMaximum(tokens)
+            self.context.setToolTip(self.context.toolTip().split("\nThis model")[0] + f"\nThis model: up to {tokens:,}")
+
+    def set_context_quietly(self, tokens: int) -> None:
+        self.context.blockSignals(True)
+        self.context.setValue(tokens)
+        self.context.blockSignals(False)
+
+    def show_gpus(self, gpus: tuple[tuple[str, str], ...]) -> None:
+        """Each GPU torch sees as a device choice ("cuda:0" as "GPU 0: <its name>")."""
+        for device, name in gpus:
+            label = f"GPU {device.partition(':')[2]}: {name}" if device.startswith("cuda") else name
+            index = self.device_choice.findData(device)
+            if index < 0:
+                self.device_choice.addItem(label, device)
+            else:
+                self.device_choice.setItemText(index, label)
+
+    def select_device(self, device: str) -> None:
+        """The device choice `device` (one saved before its GPU is listed is kept under its own name)."""
+        if self.device_choice.findData(device) < 0:
+            self.device_choice.addItem(device, device)
+        select_quietly(self.device_choice, device)
+
     def show_device(self, text: str, on_gpu: bool) -> None:
         """The device the pair runs on; on a GPU the CPU's precision and cache pickers are greyed out."""
         self.device.setText(text)
@@ -243,7 +314,7 @@ class ControlsPanel(QTabWidget):
         for widget in (self.server_url, self.connect_server):
             widget.setEnabled(served)
         # only the rows that matter: a server's draft, precision and cache are its own
-        for row in (self.draft, self.precision, self.draft_precision, self.kv_cache):
+        for row in (self._draft_row, self._precision_row, self.kv_cache):
             self._models_form.setRowVisible(row, not served)
         self._models_form.setRowVisible(self._served_row, served)
         self.speculative.setEnabled(not served)
@@ -274,7 +345,30 @@ class ControlsPanel(QTabWidget):
                            draft_precision=Precision(self.draft_precision.currentData()),
                            kv_cache=self.kv_cache.currentData(),
                            server=self.server_url.text().strip() if self.on_server.isChecked() else "",
-                           server_model=self.server_model.currentText().strip() if self.on_server.isChecked() else "")
+                           server_model=self.server_model.currentText().strip() if self.on_server.isChecked() else "",
+                           context_length=self.context.value(), device=self.device_choice.currentData())
+
+    def preset_values(self) -> dict:
+        """The settings a preset holds, as the controls show them (Preset's fields but the name and
+        system prompt)."""
+        return dict(temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
+                    min_p=self.min_p.value(), repeat_penalty=self.repeat_penalty.value(),
+                    max_new_tokens=self.max_new_tokens.value(), speculative=self.speculative.isChecked(),
+                    proposer=ProposerKind(self.proposer.currentData()), k=self.k.value(),
+                    adaptive=self.adaptive.isChecked(), lookup=self.lookup.isChecked(),
+                    context_length=self.context.value())
+
+    def apply_preset(self, values: dict) -> bool:
+        """Sets the controls to a preset's values (preset_values' keys); True when its context length
+        differs from the loaded one (a reload is due)."""
+        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_new_tokens", "k"):
+            getattr(self, name).setValue(values[name])
+        for name in ("speculative", "adaptive", "lookup"):
+            getattr(self, name).setChecked(values[name])
+        self.proposer.setCurrentIndex(max(self.proposer.findData(ProposerKind(values["proposer"])), 0))
+        context = min(values["context_length"], self.context.maximum())
+        self.set_context_quietly(context)
+        return context != self._loaded_context
 
     def show_served(self, models: tuple[str, ...], chosen: str, state: str) -> None:
         """A server connected: the models it serves (the one in use chosen), and `state` in the tooltip."""

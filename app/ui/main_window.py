@@ -12,7 +12,8 @@ from PySide6.QtWidgets import QApplication, QFileDialog, QInputDialog, QListWidg
 
 from ..chat.controller import ChatController
 from ..chat.export import ChatFileError, from_json, to_json, to_markdown
-from ..chat.session import RequestKind
+from ..chat.presets import PresetBook
+from ..chat.session import Overflow, RequestKind
 from ..chat.store import ChatStore, StoreError
 from ..engine.api import Source
 from . import settings as window_settings
@@ -22,6 +23,7 @@ from .local_server import LocalServer
 from .message_actions import MessageActions
 from .model_dialog import missing_reason
 from .model_loading import ModelLoading
+from .presets import PresetPicker
 from .token_html import RenderOptions, source_marks
 from .theme import RESOURCES, SOURCE_HELP, THEMES
 from .window_layout import CONVERSATION_HELP, build_layout
@@ -60,12 +62,15 @@ class MainWindow(QMainWindow):
         self.messages = MessageActions(self)
         self.models = ModelLoading(self)
         self.server = LocalServer(self)
+        self.presets = PresetPicker(self, self.controls, self.controller, PresetBook(store.path.parent / "presets.json"),
+                                    self.statusBar())
         self._build_menus()
         self.text_size = 0  # points added to the chat's and the message box's text (a setting)
         for source in self.settings.value("extra_models", [], list) or []:  # a file gone since is marked, not dropped
             self.controls.add_source(Path(source).name or source, source, missing=missing_reason(source))
         window_settings.restore(self.settings, window_settings.window_settings(self))
         reopened = self._reopen_last_chat()
+        self.presets.chat_changed(reload=False)  # its context length is in the first load
         self._connect()
         self.apply_view_options()
         if reopened:
@@ -77,6 +82,9 @@ class MainWindow(QMainWindow):
         if store.damaged_copy is not None:
             self.show_error("The chats were damaged", f"The file of chats could not be read ({store.damage}). It "
                             f"was moved aside, unchanged, to {store.damaged_copy}, and SpecChat started with a new one.")
+        if self.presets.book.problem:
+            self.show_error("The presets could not be read", f"{self.presets.book.problem} The file is left as it "
+                            "is; the built-in presets are there.")
         crashed = self.controller.crashed_load()
         if crashed is not None:
             message, instead = crashed
@@ -89,7 +97,7 @@ class MainWindow(QMainWindow):
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
         file_menu.addAction("New chat", QKeySequence.New, self.new_chat)
-        file_menu.addAction("Insert a text file into the message...", QKeySequence.Open, self.messages.choose_files)
+        file_menu.addAction("Attach a file (text, PDF, DOCX, HTML)...", QKeySequence.Open, self.messages.choose_files)
         file_menu.addAction("Export chat as Markdown...", QKeySequence("Ctrl+E"), self.export_markdown)
         file_menu.addAction("Export chat as JSON (everything, to import)...", self.export_json)
         file_menu.addAction("Import chat...", QKeySequence("Ctrl+Shift+O"), self.import_chat)
@@ -137,6 +145,7 @@ class MainWindow(QMainWindow):
         chat_menu.addAction(self.read_ahead_action)
         chat_menu.addAction(self.server.action)
         chat_menu.addAction(self.server.settings_action)
+        self.presets.add_menu(self.menuBar().addMenu("&Presets"))
 
     def _connect(self) -> None:
         c, controller = self.controls, self.controller
@@ -166,6 +175,10 @@ class MainWindow(QMainWindow):
         controller.step.connect(self._on_step)
         controller.finished.connect(self._on_finished)
         controller.error.connect(self.show_error)
+        controller.notice.connect(lambda text: self.statusBar().showMessage(text, 30000))
+        controller.session.overflow = Overflow(c.overflow.currentData())
+        c.overflow.currentIndexChanged.connect(lambda _: setattr(controller.session, "overflow",
+                                                                 Overflow(c.overflow.currentData())))
 
     # ---- appearance ---------------------------------------------------------------------------
     def save_settings(self) -> None:
@@ -258,6 +271,7 @@ class MainWindow(QMainWindow):
 
     def _chat_changed(self) -> None:
         self.messages.cancel_edit()
+        self.presets.chat_changed()
         self._show_chat()
         self.refresh_chat_list()
         self.set_busy(False)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QApplication, QFileDialog
 
-from ..chat.attachments import AttachmentError, file_block
+from ..chat.attachments import AttachmentError, document_block
 from .markdown import code_blocks
 from .thinking import without_thinking
 
@@ -107,24 +107,33 @@ class MessageActions:
         self.window.statusBar().showMessage(f"Copied the {what} ({len(text):,} characters)", 3000)
 
     def choose_files(self) -> None:
-        names, _ = QFileDialog.getOpenFileNames(self.window, "Insert text files into the message")
+        names, _ = QFileDialog.getOpenFileNames(self.window, "Attach files to the message", "",
+                                                "Text and documents (*.txt *.md *.pdf *.docx *.html *.htm *.*)")
         self.insert_files([Path(name) for name in names])
 
     def insert_files(self, paths: list[Path]) -> None:
-        """Each text file as a code block named after it, at the cursor; a file that is not
-        text (or too big, or unreadable) is named in the status bar and nothing of it goes in."""
-        refused = []
+        """Each text file or document (PDF, DOCX, HTML) as a block of its text named after it, at
+        the cursor; one that has no text, is unreadable or does not fit the context room left is
+        named in the status bar and nothing of it goes in."""
+        refused, added = [], []
         composer = self.window.composer
         for path in paths:
             try:
-                block = file_block(path)
+                block, holds = document_block(path)
             except AttachmentError as error:
                 refused.append(str(error))
+                continue
+            room = self.window.controller.context_room(composer.toPlainText(), block)
+            if room is not None and room[0] > room[1]:
+                tokens, left, context = room
+                refused.append(f"{path.name} is {tokens:,} tokens, and the context has room for {max(left, 0):,} more "
+                               f"(of {context:,}): set a longer context length (Models tab) or attach a part of it")
                 continue
             cursor = composer.textCursor()
             if cursor.positionInBlock() > 0:
                 cursor.insertText("\n")
             cursor.insertText(block)
+            added.append(f"{path.name} ({holds}{f', {room[0]:,} tokens' if room else ''})")
         composer.setFocus()
-        if refused:
-            self.window.statusBar().showMessage("; ".join(refused), 10000)
+        if refused or added:
+            self.window.statusBar().showMessage("; ".join(refused + [f"Attached {', '.join(added)}"] * bool(added)), 15000)

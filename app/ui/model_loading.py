@@ -82,6 +82,8 @@ class ModelLoading:
         self._done()
         window, controls = self.window, self.window.controls
         controls.show_device(ready.device, ready.on_gpu)
+        controls.show_max_context(ready.max_context)
+        controls.show_gpus(ready.gpus)
         if ready.new_target:
             controls.clear_draft_marks()  # they said which drafts the last target's vocabulary refused
         controls.thinking.setEnabled(ready.thinking_switchable)

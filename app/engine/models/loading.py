@@ -58,6 +58,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     precision: str = "fp32"  # what the weights are ("lowbit", "3bit", "8bit", "bfloat16", "int8", "fp32")
     runs_on: str = ""  # the low-bit layers' kernel in words ("AVX2 kernel", or "slow path: why"); "" elsewhere
+    context_limit: int = 0  # the user's context length, below the model's own (0: the model's)
 
     @property
     def label(self) -> str:
@@ -65,8 +66,14 @@ class LoadedModel:
         return f"{self.precision}, {self.runs_on}" if self.runs_on else self.precision
 
     @property
-    def context_length(self) -> int:
+    def max_context(self) -> int:
+        """The longest context the model was made for."""
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    @property
+    def context_length(self) -> int:
+        """The context in force: the user's context length, at most the model's."""
+        return min(self.context_limit, self.max_context) if self.context_limit else self.max_context
 
     @property
     def memory_bytes(self) -> int:
