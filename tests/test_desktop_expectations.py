@@ -373,7 +373,7 @@ def test_presets_are_picked_per_chat_saved_shared_and_the_built_in_ones_stay(qtb
     assert other.names() == PresetBook(other.path).names()
 
 
-def test_a_context_length_bounds_the_chat_and_overflow_drops_the_oldest_turns_when_asked(qtbot, make_window):
+def test_a_context_length_bounds_the_chat_and_overflow_drops_the_oldest_turns_when_asked(qtbot, make_window, tmp_path):
     from app.chat.session import Overflow
 
     window = make_window(max_new_tokens=16)
@@ -401,6 +401,16 @@ def test_a_context_length_bounds_the_chat_and_overflow_drops_the_oldest_turns_wh
     assert window.conversation.messages[-1].role == "assistant" and window.conversation.messages[-1].stats.emitted
     assert "2 oldest messages were left out" in window.statusBar().currentMessage()
     assert engine is not window.controller.engine
+
+    # a document has the room of the whole context where older turns give way, else only what is left
+    document = tmp_path / "notes.txt"
+    document.write_text(long_question)
+    window.messages.insert_files([document])
+    assert "t3 t4 t5" in window.composer.toPlainText()
+    window.composer.clear()
+    c.overflow.setCurrentIndex(c.overflow.findData(Overflow.STOP.value))
+    window.messages.insert_files([document])
+    assert window.composer.toPlainText() == "" and "(of 128)" in window.statusBar().currentMessage()
 
 
 def test_a_context_whose_caches_would_not_fit_is_refused_at_the_load(monkeypatch):

@@ -20,7 +20,7 @@ from ..engine.api import (GenerationOptions, LoadOptions, ModelError, ModelPool,
                           in_thread, noted_precision, noted_source, steps_of, vocabulary_mismatch)
 from .events import Event
 from .prompt import chat_prompt_ids, switches_thinking
-from .session import ChatSession, Request
+from .session import ChatSession, Overflow, Request
 from .store import ChatStore, StoreError
 
 if TYPE_CHECKING:
@@ -390,11 +390,13 @@ class ChatController:
     def context_room(self, text: str, adding: str) -> tuple[int, int, int] | None:
         """For a message `text` that `adding` (a document) would join: (the tokens `adding` takes,
         the tokens left for it in the context beside the chat and `text`, the context's length);
-        None before the models load."""
+        None before the models load. A chat that drops its oldest turns counts only its system
+        prompt: the earlier turns give way."""
         if self.engine is None:
             return None
         tokenizer, context = self.engine.target.tokenizer, self.engine.target.context_length
-        used = len(self.session.prompt_ids_for(text, self.engine))
+        history = self.session.overflow is not Overflow.DROP_OLDEST
+        used = len(self.session.prompt_ids_for(text, self.engine, history=history))
         return len(tokenizer(adding, add_special_tokens=False)["input_ids"]), context - used, context
 
     def prompt_tokens(self) -> int:

@@ -140,14 +140,16 @@ class ChatSession:
             self._save(lambda: self.store.update_message(message))
 
     # ---- requests -----------------------------------------------------------------------------
-    def prompt_for(self, text: str, replacing: int | None = None) -> list[dict]:
+    def prompt_for(self, text: str, replacing: int | None = None, history: bool = True) -> list[dict]:
         """The messages that sending `text` would give the chat template (in place of the user
-        message at `replacing`, as edit does)."""
-        return self.conversation.prompt_messages(upto=replacing) + [Message(role="user", content=text).to_prompt()]
+        message at `replacing`, as edit does); history False: the system prompt and `text` alone."""
+        before = self.conversation.prompt_messages(upto=replacing if history else 0)
+        return before + [Message(role="user", content=text).to_prompt()]
 
-    def prompt_ids_for(self, text: str, engine: SpeculativeEngine, replacing: int | None = None) -> list[int]:
+    def prompt_ids_for(self, text: str, engine: SpeculativeEngine, replacing: int | None = None,
+                       history: bool = True) -> list[int]:
         """The prompt's token ids: what the window reads ahead while the message is typed."""
-        return chat_prompt_ids(engine.target.tokenizer, self.prompt_for(text, replacing), self.thinking)
+        return chat_prompt_ids(engine.target.tokenizer, self.prompt_for(text, replacing, history), self.thinking)
 
     def ask(self, text: str, engine: SpeculativeEngine, options: GenerationOptions) -> Request:
         """Adds the user's message (saved at once) and returns the request that answers it."""

@@ -17,7 +17,7 @@ class Composer(QPlainTextEdit):
 
     def __init__(self) -> None:
         super().__init__()
-        self.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line, Esc stops; drop a text file to add it)")
+        self.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line, Esc stops; drop a file or a PDF, DOCX or HTML document to attach it)")
         self.setFixedHeight(84)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:

@@ -49,6 +49,7 @@ class MainWindow(QMainWindow):
         self.controller = ChatController(store, load, saved_caches)
         self.last_error: str | None = None  # the latest message shown in an error box
         self._send_when_ready = False  # a message sent while the models load goes as soon as they are there
+        self._notice = ""  # the running answer's notice (controller.notice)
         self._render_timer = QTimer(self, singleShot=True, interval=40)
         self._render_timer.timeout.connect(self._render)
         # The message is read ahead this long after an edit, and then again at most this often while
@@ -171,11 +172,11 @@ class MainWindow(QMainWindow):
         self.delete_button.clicked.connect(self.delete_chat)
         self.search.textChanged.connect(self.refresh_chat_list)
         self.chat_list.itemClicked.connect(lambda item: self.open_chat(item.data(Qt.UserRole)))
-        controller.started.connect(lambda kind: self.set_busy(True))
+        controller.started.connect(lambda kind: (self._show_notice(""), self.set_busy(True)))
         controller.step.connect(self._on_step)
         controller.finished.connect(self._on_finished)
         controller.error.connect(self.show_error)
-        controller.notice.connect(lambda text: self.statusBar().showMessage(text, 30000))
+        controller.notice.connect(self._show_notice)
         controller.session.overflow = Overflow(c.overflow.currentData())
         c.overflow.currentIndexChanged.connect(lambda _: setattr(controller.session, "overflow",
                                                                  Overflow(c.overflow.currentData())))
@@ -451,13 +452,22 @@ class MainWindow(QMainWindow):
         if self.controller.stop():
             self.statusBar().showMessage("Stopping after this step...", 3000)
 
+    def _show_notice(self, text: str) -> None:
+        """What the user should know of the answer that starts (turns left out of its prompt) in the
+        status bar, kept through the prompt's reading; "" clears it."""
+        self._notice = text
+        if text:
+            self.statusBar().showMessage(text, 30000)
+        else:
+            self.statusBar().clearMessage()
+
     def _on_step(self, step) -> None:
         self.acceptance.show_estimated(step.estimated)
         if step.stats.prompt_read:  # a long prompt is still being read
             self.statusBar().showMessage(
                 f"{READING_PROMPT} {step.stats.prompt_read:,} of {self.controller.prompt_tokens():,} tokens...")
         elif self.statusBar().currentMessage().startswith(READING_PROMPT):
-            self.statusBar().clearMessage()
+            self._show_notice(self._notice)  # (the answer's notice again, if it has one)
         if not self._render_timer.isActive():
             self._render_timer.start()
 
