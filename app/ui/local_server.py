@@ -8,24 +8,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QLabel
+from PySide6.QtWidgets import QLabel, QMainWindow
+
+from ..chat.controller import ChatController
+from .controls import ControlsPanel
 
 if TYPE_CHECKING:
     from ..serve.guard import Access
     from ..serve.server import ServerState
-    from .main_window import MainWindow
 
 DEFAULT_PORT = 8765
 
 
 class LocalServer:
-    def __init__(self, window: MainWindow) -> None:
-        self.window = window
-        settings = window.settings
+    def __init__(self, window: QMainWindow, controller: ChatController, controls: ControlsPanel, settings: QSettings,
+                 show_error: Callable[[str, str], None]) -> None:
+        """window: the parent of its actions and dialogs, whose status bar says what it serves."""
+        self.window, self.controller, self.controls, self.settings = window, controller, controls, settings
+        self.show_error = show_error
         self.port = int(settings.value("server_port", DEFAULT_PORT))
         self.api_key = str(settings.value("server_api_key", ""))
         self.origins = str(settings.value("server_origins", ""))
@@ -41,7 +46,7 @@ class LocalServer:
         self._refresh.timeout.connect(self._show)
         self.state: ServerState | None = None
         self._server = None
-        window.controller.models_ready.connect(self._models_changed)
+        controller.models_ready.connect(self._models_changed)
 
     @property
     def url(self) -> str:
@@ -67,7 +72,7 @@ class LocalServer:
         port = dialog.port.value()
         self.api_key, self.origins = dialog.api_key.text().strip(), dialog.origins.text().strip()
         for key, value in (("server_port", port), ("server_api_key", self.api_key), ("server_origins", self.origins)):
-            self.window.settings.setValue(key, value)
+            self.settings.setValue(key, value)
         if self.state is not None:
             self.state.access = self.access()  # read at each request
         if port != self.port:
@@ -103,11 +108,11 @@ class LocalServer:
         except OSError as error:
             listening.close()
             self.action.setChecked(False)
-            self.window.show_error("Cannot serve", f"Port {self.port} is taken ({error.strerror}); choose another "
+            self.show_error("Cannot serve", f"Port {self.port} is taken ({error.strerror}); choose another "
                                    "in Chat > Server settings.")
             return
-        controller = self.window.controller
-        self.state = ServerState(lambda: controller.engine, self._model_name(), self.window.controls.generation_options,
+        controller = self.controller
+        self.state = ServerState(lambda: controller.engine, self._model_name(), self.controls.generation_options,
                                  self.access(), controller.turns, controller.make_room)
         self._server = _in_the_window(uvicorn.Config(create_app(self.state), log_level="warning"))
         asyncio.get_running_loop().create_task(self._server.serve(sockets=[listening]))
@@ -119,8 +124,8 @@ class LocalServer:
             self.state.model_name = self._model_name()
 
     def _model_name(self) -> str:
-        engine = self.window.controller.engine
-        return engine.target.name if engine is not None else self.window.controls.load_options().target
+        engine = self.controller.engine
+        return engine.target.name if engine is not None else self.controls.load_options().target
 
     def _show(self) -> None:
         served = self.state.requests_served if self.state else 0

@@ -62,7 +62,7 @@ class MainWindow(QMainWindow):
         build_layout(self)
         self.messages = MessageActions(self)
         self.models = ModelLoading(self)
-        self.server = LocalServer(self)
+        self.server = LocalServer(self, self.controller, self.controls, self.settings, self.show_error)
         self.presets = PresetPicker(self, self.controls, self.controller, PresetBook(store.path.parent / "presets.json"),
                                     self.statusBar())
         self._build_menus()
@@ -270,7 +270,7 @@ class MainWindow(QMainWindow):
             self.chat_list.addItem(item)
             item.setSelected(chat_id == self.conversation.id)
 
-    def _chat_changed(self) -> None:
+    def chat_changed(self) -> None:
         self.messages.cancel_edit()
         self.presets.chat_changed()
         self._show_chat()
@@ -286,7 +286,7 @@ class MainWindow(QMainWindow):
 
     def new_chat(self) -> None:
         if self.controller.new_chat(self.default_system_prompt()):
-            self._chat_changed()
+            self.chat_changed()
 
     def open_chat(self, chat_id: int) -> None:
         try:
@@ -297,7 +297,7 @@ class MainWindow(QMainWindow):
             self.refresh_chat_list()
             return
         if opened:
-            self._chat_changed()
+            self.chat_changed()
 
     def _show_token_details(self, details: str) -> None:
         """The caret's token in words, also as the conversation's description: a screen reader says it."""
@@ -308,7 +308,7 @@ class MainWindow(QMainWindow):
     def fork(self, index: int) -> None:
         """A new chat with the messages up to messages[index], opened."""
         if self.controller.fork(index):
-            self._chat_changed()
+            self.chat_changed()
             self.statusBar().showMessage(f"Forked: {self.conversation.title}", 5000)
 
     def open_next_chat(self, step: int) -> None:
@@ -331,7 +331,7 @@ class MainWindow(QMainWindow):
             return
         if QMessageBox.question(self, "Delete chat", f"Delete '{self.conversation.title}'?") == QMessageBox.Yes:
             self.controller.delete_chat(self.default_system_prompt())
-            self._chat_changed()
+            self.chat_changed()
 
     def export_markdown(self, path: str | None = None) -> None:
         self._export(to_markdown, path, ".md", "Markdown (*.md)")
@@ -359,7 +359,7 @@ class MainWindow(QMainWindow):
             self.show_error("Cannot import the chat", f"{path}: {error}")
             return
         if self.controller.import_chat(conversation):
-            self._chat_changed()
+            self.chat_changed()
 
     def edit_system_prompt(self) -> None:
         text, ok = QInputDialog.getMultiLineText(self, "System prompt", "Sent before every message of this chat:",

@@ -4,20 +4,39 @@ inserted into the message box."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from PySide6.QtWidgets import QApplication, QFileDialog
+from PySide6.QtWidgets import QApplication, QFileDialog, QStatusBar, QWidget
 
 from ..chat.attachments import AttachmentError, document_block
+from ..chat.controller import ChatController
+from .acceptance_view import AcceptanceView
+from .chat_view import ChatView
+from .composer import Composer
 from .markdown import code_blocks
 from .thinking import without_thinking
 
-if TYPE_CHECKING:
-    from .main_window import MainWindow
+
+class MessagesWindow(Protocol):
+    """What the message actions use of the window they act in (a QMainWindow, also their dialogs' parent)."""
+
+    controller: ChatController
+    composer: Composer
+    edit_banner: QWidget
+    chat_view: ChatView
+    acceptance: AcceptanceView
+
+    def statusBar(self) -> QStatusBar: ...
+    def set_busy(self, busy: bool) -> None: ...
+    def chat_changed(self) -> None: ...
+    def fork(self, index: int) -> None: ...
+    def regenerate(self) -> None: ...
+    def continue_answer(self) -> None: ...
+    def answer_pending(self) -> None: ...
 
 
 class MessageActions:
-    def __init__(self, window: MainWindow) -> None:
+    def __init__(self, window: MessagesWindow) -> None:
         self.window = window
         self.editing: int | None = None  # index of the user message being edited in the composer
 
@@ -79,7 +98,7 @@ class MessageActions:
     def show_version(self, index: int, version: int) -> None:
         window = self.window
         if window.controller.show_version(index, version):  # an earlier answer: a fork shows it
-            window._chat_changed()
+            window.chat_changed()
             window.statusBar().showMessage(f"Version {version + 1} of that answer opened in a fork, named after the "
                                            "chat: the turns after it were answered to the other version.", 8000)
             return

@@ -4,24 +4,38 @@ disk, and the memory line."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QProgressDialog
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtWidgets import QProgressDialog, QStatusBar
 
-from ..chat.controller import ModelsReady
+from ..chat.controller import ChatController, ModelsReady
 from ..chat.model_library import ModelLibrary
 from ..engine.api import LOOKUP, LoadOptions, ProposerKind
+from .acceptance_view import AcceptanceView
+from .controls import ControlsPanel
 from .model_dialog import AddModelDialog
 from .models_dialog import DRAFTS_TAB, ModelsDialog
 from .prepared_dialog import PreparedModelsDialog
 
-if TYPE_CHECKING:
-    from .main_window import MainWindow
+
+class ModelsWindow(Protocol):
+    """What the models' side uses of the window (a QMainWindow, also its dialogs' parent)."""
+
+    controller: ChatController
+    controls: ControlsPanel
+    acceptance: AcceptanceView
+    settings: QSettings
+
+    def statusBar(self) -> QStatusBar: ...
+    def set_busy(self, busy: bool) -> None: ...
+    def show_error(self, title: str, message: str) -> None: ...
+    def models_loaded(self) -> None: ...
+    def models_failed(self, message: str) -> None: ...
 
 
 class ModelLoading:
-    def __init__(self, window: MainWindow) -> None:
+    def __init__(self, window: ModelsWindow) -> None:
         self.window = window
         self.progress: QProgressDialog | None = None
         controller, controls = window.controller, window.controls

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from PySide6.QtCore import QByteArray, QSettings
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QCheckBox, QPlainTextEdit, QSplitter
 
 from ..engine.api import ProposerKind
-from .controls import select_quietly
-
-if TYPE_CHECKING:
-    from .main_window import MainWindow
+from .controls import ControlsPanel, select_quietly
 
 WINDOW_GEOMETRY = "geometry"
 SPLITTER_KEYS = ("columns", "right_column")
@@ -29,7 +28,27 @@ class Setting:
     write: Callable[[object], None]
 
 
-def window_settings(window: MainWindow) -> list[Setting]:
+class SettingsWindow(Protocol):
+    """What the settings read and restore of the window (a QMainWindow: its geometry too)."""
+
+    controls: ControlsPanel
+    composer: QPlainTextEdit
+    colouring: QCheckBox
+    ghosts: QCheckBox
+    dark_action: QAction
+    read_ahead_action: QAction
+    marks_action: QAction
+    splitters: dict[str, QSplitter]
+    text_size: int
+
+    @property
+    def theme(self): ...
+    def set_text_size(self, points: int) -> None: ...
+    def saveGeometry(self) -> QByteArray: ...
+    def restoreGeometry(self, geometry: QByteArray) -> bool: ...
+
+
+def window_settings(window: SettingsWindow) -> list[Setting]:
     c = window.controls
 
     def checkbox(key, box):

@@ -3,11 +3,9 @@ does: the chats on the left; the conversation, its legend, the message box and t
 middle; the acceptance view above the controls on the right."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QCheckBox, QFrame, QHBoxLayout, QLabel, QLineEdit, QListWidget, QPushButton, QScrollArea,
-                               QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QFrame, QHBoxLayout, QLabel, QLineEdit, QListWidget, QMainWindow, QPushButton,
+                               QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
 from .acceptance_view import AcceptanceView
 from .chat_view import ChatView
@@ -18,15 +16,13 @@ from .token_html import RenderOptions
 from .settings import SPLITTER_KEYS
 from .theme import THEMES
 
-if TYPE_CHECKING:
-    from .main_window import MainWindow
-
 DEFAULT_SIZE = (1280, 800)
 CONVERSATION_HELP = ("The chat's messages; each answer's tokens are coloured by where they came from: accepted, "
                      "corrected, bonus or plain. Arrow keys move a caret; the token at it is described.")
 
 
-def build_layout(window: MainWindow) -> None:
+def build_layout(window: QMainWindow) -> None:
+    """Each view becomes an attribute of `window` (window.chat_view, window.controls, ...)."""
     window.controls = ControlsPanel()
     window.acceptance = AcceptanceView()
     window.chat_view = ChatView(RenderOptions(THEMES["light"]))
