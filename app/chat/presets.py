@@ -4,10 +4,8 @@ JSON files. A few are built in and cannot be deleted or changed."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..engine.api import ProposerKind
@@ -34,7 +32,7 @@ class Preset(BaseModel):
     max_new_tokens: int = Field(512, ge=1, le=8192)
     speculative: bool = True
     proposer: ProposerKind = ProposerKind.DRAFT_MODEL
-    k: int = Field(4, ge=1, le=16)
+    k: int = Field(8, ge=1, le=16)
     adaptive: bool = True
     lookup: bool = True
     context_length: int = Field(0, ge=0)  # tokens the chat may fill; 0: the model's maximum
@@ -49,16 +47,12 @@ BUILT_IN = (
 BUILT_IN_NAMES = frozenset(preset.name for preset in BUILT_IN)
 
 
-def default_path() -> Path:
-    base = os.environ.get("SPECCHAT_DATA") or platformdirs.user_data_dir("specchat")
-    return Path(base) / "presets.json"
-
-
 class PresetBook:
-    """The built-in presets and the user's, kept in one JSON file (written whole on each change)."""
+    """The built-in presets and the user's, kept in one JSON file (written whole on each change;
+    the window keeps it beside the chats)."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path or default_path()
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.problem = ""  # why the user's presets could not be read at open (the file is then left as it is)
         self.saved: dict[str, Preset] = {}
         if self.path.exists():

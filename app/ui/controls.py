@@ -274,10 +274,10 @@ class ControlsPanel(QTabWidget):
 
     def show_max_context(self, tokens: int) -> None:
         """The loaded target's longest context: the most the context length may be set to."""
-        self._loaded_context = self.context.value()
         if tokens:
             self.context.setMaximum(tokens)
             self.context.setToolTip(self.context.toolTip().split("\nThis model")[0] + f"\nThis model: up to {tokens:,}")
+        self._loaded_context = self.context.value()
 
     def set_context_quietly(self, tokens: int) -> None:
         self.context.blockSignals(True)
