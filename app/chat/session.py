@@ -241,6 +241,8 @@ class ChatSession:
         context: its whole length, or a quarter of the context if less. -> (prompt, its ids, the
         number of messages left out)."""
         context = engine.target.context_length
+        if not context:  # a server that does not say: its own refusal tells
+            return prompt, prompt_ids, 0
         room = min(options.max_new_tokens, context // 4)
         grown = len(continues.stats.token_ids) if continues is not None else 0  # a continued answer's own tokens
         first = 1 if prompt and prompt[0]["role"] == "system" else 0
