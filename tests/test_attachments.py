@@ -31,3 +31,14 @@ def test_what_is_not_a_readable_text_file_is_refused_by_name(tmp_path, make, rea
     with pytest.raises(AttachmentError, match=reason) as error:
         file_block(tmp_path / name)
     assert name in str(error.value)
+
+
+def test_a_chat_is_named_after_the_users_own_words_not_the_files_attached(tmp_path):
+    from app.chat.attachments import document_block, message_title
+
+    (tmp_path / "notes.md").write_text("# Notes\n```\ncode\n```\n")
+    block, _ = document_block(tmp_path / "notes.md")
+    assert message_title(block + "\nSummarise these notes.\nThen list the steps.") == "Summarise these notes."
+    assert message_title("What is 2+3?\n" + block) == "What is 2+3?"
+    assert message_title(block) == "notes.md"
+    assert message_title("x" * 100) == "x" * 60

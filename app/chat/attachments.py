@@ -45,6 +45,26 @@ def file_block(path: Path) -> str:
     return f"`{path.name}`:\n{fence}{LANGUAGES.get(path.suffix.lower(), '')}\n{body}{fence}\n"
 
 
+HEADER = re.compile(r"^`([^`]+)`( \([^)]*\))?:$")  # the line that names an attached file above its block
+
+
+def message_title(text: str) -> str:
+    """A chat's title from its first message: its first line of the user's own words, outside the
+    attached files' blocks ("minutes.pdf" where the message is files alone)."""
+    fence, files = None, []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if fence is not None:
+            fence = None if stripped == fence else fence
+        elif stripped.startswith("```"):
+            fence = re.match(r"`+", stripped).group(0)
+        elif HEADER.match(stripped):
+            files.append(HEADER.match(stripped).group(1))
+        elif stripped:
+            return stripped[:60]
+    return ", ".join(files)[:60] or text.strip()[:60]
+
+
 def document_block(path: Path) -> tuple[str, str]:
     """(the block to put into the message, what it holds in a few words: "3 pages", "12 KB") for
     a text file or a document. Raises AttachmentError with the reason in one line."""

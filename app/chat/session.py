@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..engine.choices import GenerationOptions, ProposerKind, SamplingParams, draw_seed
 from ..engine.steps import FinishReason, Step
 from .answer import AnswerBuilder
+from .attachments import message_title
 from .conversation import Comparison, Conversation, Message
 from .prompt import chat_prompt_ids
 from .store import ChatStore, StoreError
@@ -155,7 +156,7 @@ class ChatSession:
         """Adds the user's message (saved at once) and returns the request that answers it."""
         self._require_idle()
         if not self.conversation.messages:
-            self.conversation.title = text.splitlines()[0][:60]
+            self.conversation.title = message_title(text)
         user = Message(role="user", content=text)
         self.conversation.messages.append(user)
         self._save(lambda: self.store.add_message(self.conversation, user))
