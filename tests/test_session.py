@@ -353,3 +353,31 @@ def test_compare_says_why_greedy_texts_may_differ_only_where_they_may(tmp_path, 
     answer.set_stats(replace(answer.stats, comparison=on_gpu))
     session.store.update_message(answer)
     assert session.store.load_chat(session.conversation.id).messages[-1].stats.comparison == on_gpu
+
+
+def test_dropping_the_oldest_turns_keeps_the_system_prompt_and_the_question_and_leaves_the_answer_room(tmp_path, engine):
+    from app.chat.prompt import chat_prompt_ids
+    from app.chat.session import Overflow
+    from app.engine.errors import PromptTooLongError
+
+    session = ChatSession(ChatStore(tmp_path / "c.sqlite3"))
+    session.set_system_prompt("t90 t91 t92")
+    long_turn = " ".join(f"t{i % 80 + 3}" for i in range(70))
+    for _ in range(2):
+        run(session, engine, session.ask(long_turn, engine, options(k=3, max_new_tokens=20)))
+    session.overflow = Overflow.STOP
+    kept = session.ask(long_turn, engine, options(k=3, max_new_tokens=20))  # 3 x 70 + answers: over 256
+    assert kept.left_out == 0 and len(kept.prompt_ids) > 256
+    with pytest.raises(PromptTooLongError):
+        run(session, engine, kept)
+    session.finish()
+    session.overflow = Overflow.DROP_OLDEST
+    request = session.answer(engine, options(k=3, max_new_tokens=20))
+    # the oldest questions went with their answers, a pair at a time, until the answer has its room
+    assert request.left_out == 2  # the first question and its answer: the rest fits with 20 to spare
+    assert len(request.prompt_ids) + 20 <= 256
+    shown = session.conversation.prompt_messages()
+    expected = chat_prompt_ids(engine.target.tokenizer, shown[:1] + shown[1 + request.left_out:], session.thinking)
+    assert request.prompt_ids == expected and shown[0] == {"role": "system", "content": "t90 t91 t92"}
+    message = run(session, engine, request)
+    assert message.stats.emitted == 20  # the whole answer fitted
