@@ -13,7 +13,6 @@ from .engine.flags import chat_options, load_options
 from .ui.theme import DARK
 
 
-
 def _true_colour(hex_colour: str) -> str:
     red, green, blue = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
     return f"\033[38;2;{red};{green};{blue}m"

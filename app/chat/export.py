@@ -39,7 +39,8 @@ def to_markdown(conversation: Conversation) -> str:
 def to_json(conversation: Conversation) -> str:
     return json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "title": conversation.title,
                        "system_prompt": conversation.system_prompt, "preset": conversation.preset,
-                       "updated": conversation.updated, "messages": [_message_dict(m) for m in conversation.messages]}, ensure_ascii=False, indent=1)
+                       "updated": conversation.updated, "messages": [_message_dict(m) for m in conversation.messages]},
+                      ensure_ascii=False, indent=1)
 
 
 def _message_dict(message: Message) -> dict:

@@ -377,10 +377,11 @@ class TimeLedger:
     def rules(self, policy: CostAwareK, catch_up: int) -> tuple[Callable[[list[float], int], bool],
                                                                  Callable[[int, int], int]]:
         """The policy's keep_drafting and use_copies for one step, held to what the ledger allows:
-        a token drafted on after a copy spends from the account as one drafted alone does."""
+        a token drafted on after a copy spends from the account as one drafted alone does (a draft
+        without a copy before it was held to the ledger's k before the step)."""
         def keep_drafting(confidences: list[float], copied: int = 0) -> bool:
             n = len(confidences) + 1  # the draft if it drafts one more
-            return policy.keep_drafting(confidences, copied) and self.allow(n, catch_up, copied) == n
+            return policy.keep_drafting(confidences, copied) and (not copied or self.allow(n, catch_up, copied) == n)
 
         def use_copies(k: int, n_copies: int) -> int:
             return self.allow_copies(policy.use_copies(k, n_copies))

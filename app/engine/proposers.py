@@ -250,9 +250,10 @@ class DraftModelProposer(_Committed):
         probs = torch.stack(probs)
         if self.vocabulary is not None:
             probs = self.vocabulary.spread(probs)
-        # A looked-up token is drawn from a distribution certain of it: rejection sampling then
-        # accepts it with the target's own probability, so the output stays exact.
-        probs = torch.cat([_certain(lead, probs), probs, _certain(looked_up, probs)])
+        if lead or looked_up:
+            # A looked-up token is drawn from a distribution certain of it: rejection sampling then
+            # accepts it with the target's own probability, so the output stays exact.
+            probs = torch.cat([_certain(lead, probs), probs, _certain(looked_up, probs)])
         tokens = torch.tensor(lead + drafted + looked_up)
         # the copy taken, else the one passed over at the start (the policy learns from both)
         copies, copies_at = (looked_up, len(lead) + len(drafted)) if looked_up else (copies, 0)

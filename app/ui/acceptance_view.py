@@ -14,6 +14,13 @@ from .message_html import comparison_html
 NO_COMPARISON = "Use Compare to rerun the last answer's prompt without speculation."
 
 
+def _small_text(painter: QPainter) -> None:
+    """The charts' labels: 80% of the text's size, 6 points at least."""
+    small = painter.font()
+    small.setPointSizeF(max(6.0, small.pointSizeF() * 0.8))
+    painter.setFont(small)
+
+
 class Histogram(QWidget):
     """Steps by number of draft tokens: accepted (filled bars) and drafted (outlined behind them)."""
 
@@ -43,9 +50,7 @@ class Histogram(QWidget):
             painter.drawText(self.rect(), Qt.AlignCenter, "accepted length per step")
             return
         most_label, length_label = self.axis_labels()
-        small = painter.font()
-        small.setPointSizeF(max(6.0, small.pointSizeF() * 0.8))
-        painter.setFont(small)
+        _small_text(painter)
         area = QRectF(self.rect()).adjusted(4, 14, -4, -28)
         painter.drawText(QRectF(4, 0, area.width(), 14), Qt.AlignLeft | Qt.AlignVCenter, most_label)
         painter.drawText(QRectF(4, area.bottom() + 14, area.width(), 14), Qt.AlignCenter, length_label)
@@ -86,9 +91,7 @@ class Trace(QWidget):
         painter = QPainter(self)
         painter.setRenderHint(QPainter.Antialiasing)
         top_label, bottom_label, steps_label = self.axis_labels()
-        small = painter.font()
-        small.setPointSizeF(max(6.0, small.pointSizeF() * 0.8))
-        painter.setFont(small)
+        _small_text(painter)
         area = QRectF(self.rect()).adjusted(34, 6, -4, -16)
         text = self.palette().windowText().color()
         painter.setPen(text)

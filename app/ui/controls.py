@@ -29,6 +29,9 @@ PRECISION_LABELS = {Precision.LOWBIT: "Low-bit (GGUF's own blocks)", Precision.B
 
 
 RANDOM_SEED = -1  # the seed picker's "random"
+# The controls a preset sets, by the name of both the field and the widget (and the proposer, the context)
+PRESET_SPINS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_new_tokens", "k")
+PRESET_CHECKS = ("speculative", "adaptive", "lookup")
 MIN_CONTEXT = 128  # the shortest context length the picker takes (0: the model's maximum)
 
 
@@ -351,19 +354,16 @@ class ControlsPanel(QTabWidget):
     def preset_values(self) -> dict:
         """The settings a preset holds, as the controls show them (Preset's fields but the name and
         system prompt)."""
-        return dict(temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
-                    min_p=self.min_p.value(), repeat_penalty=self.repeat_penalty.value(),
-                    max_new_tokens=self.max_new_tokens.value(), speculative=self.speculative.isChecked(),
-                    proposer=ProposerKind(self.proposer.currentData()), k=self.k.value(),
-                    adaptive=self.adaptive.isChecked(), lookup=self.lookup.isChecked(),
-                    context_length=self.context.value())
+        values = {name: getattr(self, name).value() for name in PRESET_SPINS}
+        values |= {name: getattr(self, name).isChecked() for name in PRESET_CHECKS}
+        return values | {"proposer": ProposerKind(self.proposer.currentData()), "context_length": self.context.value()}
 
     def apply_preset(self, values: dict) -> bool:
         """Sets the controls to a preset's values (preset_values' keys); True when its context length
         differs from the loaded one (a reload is due)."""
-        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "max_new_tokens", "k"):
+        for name in PRESET_SPINS:
             getattr(self, name).setValue(values[name])
-        for name in ("speculative", "adaptive", "lookup"):
+        for name in PRESET_CHECKS:
             getattr(self, name).setChecked(values[name])
         self.proposer.setCurrentIndex(max(self.proposer.findData(ProposerKind(values["proposer"])), 0))
         context = min(values["context_length"], self.context.maximum())

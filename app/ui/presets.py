@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QComboBox, QFileDialog, QInputDialog, QMenu, QMessageBox, QStatusBar, QWidget
 
 from ..chat.controller import ChatController
@@ -26,14 +27,15 @@ class PresetPicker:
         controls.setCornerWidget(self.combo)
         self._fill()
         self.combo.activated.connect(lambda _: self.pick(self.combo.currentData()))
+        self.delete_action = QAction("Delete this preset...", parent)
+        self.delete_action.triggered.connect(self.delete_current)
 
     def add_menu(self, menu: QMenu) -> None:
         menu.addAction("Save the current settings as a preset...", self.save_current)
-        self.delete_action = menu.addAction("Delete this preset...", self.delete_current)
+        menu.addAction(self.delete_action)
         menu.addSeparator()
         menu.addAction("Import presets...", self.import_file)
         menu.addAction("Export this preset...", self.export_current)
-        self._update_actions()
 
     def _fill(self) -> None:
         chosen = self.combo.currentData() or ""
@@ -45,23 +47,31 @@ class PresetPicker:
         self.combo.blockSignals(False)
         select_quietly(self.combo, chosen)
 
-    def _update_actions(self) -> None:
-        if hasattr(self, "delete_action"):
-            self.delete_action.setEnabled(bool(self.combo.currentData()) and self.combo.currentData() not in BUILT_IN_NAMES)
+    def _show(self, name: str) -> Preset | None:
+        """The preset `name` in the picker ('' or a preset deleted since: none), and its menu's state."""
+        preset = self.book.get(name) if name else None
+        select_quietly(self.combo, preset.name if preset else "")
+        self.delete_action.setEnabled(preset is not None and preset.name not in BUILT_IN_NAMES)
+        return preset
+
+    def _claim(self, preset: Preset | None) -> None:
+        """The open chat takes the preset's name and its system prompt (one without keeps the chat's)."""
+        system_prompt = self.controller.conversation.system_prompt
+        self.controller.set_preset(preset.name if preset else "", preset and preset.system_prompt or system_prompt)
+
+    def _apply(self, preset: Preset, reload: bool) -> None:
+        """The controls take its settings; a context length other than the loaded one loads the
+        models again when `reload`."""
+        if self.controls.apply_preset(preset.model_dump()) and reload:
+            self.controls.models_changed.emit()
 
     def pick(self, name: str) -> None:
         """The preset `name` ('' none) for the open chat: the controls take its settings, the chat
-        its name and its system prompt (a preset without one keeps the chat's)."""
-        preset = self.book.get(name) if name else None
-        select_quietly(self.combo, name if preset else "")
-        self._update_actions()
-        if preset is None:
-            self.controller.set_preset("", self.controller.conversation.system_prompt)
-            return
-        reload = self.controls.apply_preset(preset.model_dump())
-        self.controller.set_preset(name, preset.system_prompt or self.controller.conversation.system_prompt)
-        if reload:
-            self.controls.models_changed.emit()
+        its name and its system prompt."""
+        preset = self._show(name)
+        self._claim(preset)
+        if preset is not None:
+            self._apply(preset, reload=True)
 
     def chat_changed(self, reload: bool = True) -> None:
         """Another chat is open: its preset applies; a new chat takes the one picked before; a chat
@@ -71,14 +81,12 @@ class PresetPicker:
         name = conversation.preset
         if not name and conversation.id is None and not conversation.messages:
             name = self.combo.currentData() or ""
-        preset = self.book.get(name) if name else None
-        select_quietly(self.combo, name if preset else "")
-        self._update_actions()
-        if preset is not None:
-            if conversation.preset != name:
-                self.controller.set_preset(name, preset.system_prompt or conversation.system_prompt)
-            if self.controls.apply_preset(preset.model_dump()) and reload:
-                self.controls.models_changed.emit()
+        preset = self._show(name)
+        if preset is None:
+            return
+        if conversation.preset != preset.name:  # (a chat's own system prompt, edited since, stays)
+            self._claim(preset)
+        self._apply(preset, reload)
 
     def save_current(self, name: str | None = None) -> None:
         """The settings in the controls and the chat's system prompt saved as a preset (`name`
