@@ -389,6 +389,7 @@ def test_a_context_length_bounds_the_chat_and_overflow_drops_the_oldest_turns_wh
     # stop and say so: the next question does not fit, and nothing is lost
     window.composer.setPlainText(long_question)
     window.send_button.click()
+    assert not c.context.isEnabled() and not c.device_choice.isEnabled()  # no reload while it answers
     qtbot.waitUntil(lambda: window.last_error is not None and "128" in window.last_error, timeout=20_000)
     assert len(window.conversation.messages) == 3 and window.conversation.messages[-1].role == "user"
 

@@ -388,7 +388,8 @@ class MainWindow(QMainWindow):
         # Chats and models can be changed only between answers.
         c = self.controls
         for widget in (c.add_model, self.chat_list, self.new_button, self.delete_button, c.target, c.draft,
-                       c.precision, c.draft_precision, c.kv_cache, c.on_server):
+                       c.precision, c.draft_precision, c.kv_cache, c.context, c.device_choice, c.on_server,
+                       self.presets.combo):  # (each may load the models again)
             widget.setEnabled(not busy)
         saved = self.conversation.id is not None  # a new chat is saved with its first message
         self.rename_button.setEnabled(saved)
