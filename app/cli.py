@@ -1,6 +1,7 @@
 """Command line: `python -m app` opens the window; `python -m app chat` chats in the terminal;
 `python -m app serve` serves an OpenAI-compatible API; `python -m app models ...` finds and fetches
-models; `python -m app export-hf` writes a model for vLLM; `python -m app bench speed ...` benchmarks."""
+models; `python -m app export-hf` writes a model for vLLM; `python -m app bundle` builds an installable folder;
+`python -m app bench speed ...` benchmarks."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
+from .bundle import add_bundle_arguments
 from .bench.arguments import seed_arguments, serve_arguments, speed_arguments, ui_arguments
 from .engine.api import CHAT_DEFAULTS, DEFAULTS
 from .engine.flags import add_engine_arguments, add_server_arguments, chat_options, generation_options
@@ -21,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.",
                         help="the message for --screenshot")
     parser.add_argument("--dark", action="store_true", help="dark theme for --screenshot")
+    parser.add_argument("--install-desktop-entry", action="store_true",
+                        help="add SpecChat to the desktop's menu (a .desktop file and icons at 16-512 px) and exit")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print what the app does (status messages, messages sent, answers finished, errors) "
                              "to standard error")
@@ -50,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("model", help="a .gguf file, a model folder, or default-target / default-draft")
     export.add_argument("folder", type=Path, help="the folder to write (must not exist yet)")
     add_models_arguments(commands.add_parser("models", help="find, fetch, list and remove models (the Hugging Face hub)"))
+    add_bundle_arguments(commands.add_parser("bundle", help="build a one-folder bundle of the app with PyInstaller "
+                                                            "(pip install -e '.[bundle]')"))
     bench = commands.add_parser("bench", help="headless benchmarks")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     speed_arguments(bench_kinds.add_parser("speed", help="plain vs speculative vs HF assisted generation"))
@@ -75,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
             generation_options(args)
     except ValueError as error:
         parser.error(str(error))
+    if args.install_desktop_entry:
+        from .desktop_entry import run_install
+
+        return run_install()
+    if args.command == "bundle":
+        from .bundle import run_bundle
+
+        return run_bundle(args)
     if args.command == "bench":
         from .engine.errors import ModelError
 
@@ -122,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"wrote {folder}: serve it with vLLM, e.g. vllm serve {folder}")
         return 0
+    if args.command in ("chat", "serve") or args.command is None and args.screenshot:
+        from .first_start import fetch_missing, screenshot_models
+
+        if not fetch_missing([args.target, args.draft] if args.command else screenshot_models()):
+            return 2
     if args.command == "serve":
         from .serve.command import run_server
 

@@ -148,10 +148,10 @@ class Hub:
             request.wfile.write(payload)
 
 
-def chat_gguf(path, seed: int, layers: int = 2, width: int = 256, inner: int = 1024):
-    """A tiny Q8_0 Qwen2 GGUF that chats: random weights and a real byte-level BPE tokenizer in the
-    file (trained here on a few sentences), as a hub's GGUF repository holds one. Models written with
-    the same tokenizer can pair as target and draft."""
+def chat_gguf(path, seed: int, layers: int = 2, width: int = 256, inner: int = 1024, architecture: str = "qwen2"):
+    """A tiny Q8_0 GGUF (Qwen2, or another family the loader reads) that chats: random weights and a
+    real byte-level BPE tokenizer in the file (trained here on a few sentences), as a hub's GGUF
+    repository holds one. Models written with the same tokenizer can pair as target and draft."""
     import numpy as np
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
@@ -173,7 +173,7 @@ def chat_gguf(path, seed: int, layers: int = 2, width: int = 256, inner: int = 1
     norm = lambda n: (1 + 0.3 * rng.standard_normal(n)).astype(np.float32)
     vocabulary = -(-len(tokenizer) // 32) * 32  # padded, as converters pad the embedding rows
     shape = gguf_writing.Shape(layers, width, inner, 4, 2, width // 4, vocabulary, rope_base=10000.0, context=512)
-    gguf_writing.write(path, "qwen2", shape, weight, norm, tied=False, tokenizer_from=words)
+    gguf_writing.write(path, architecture, shape, weight, norm, tied=False, tokenizer_from=words)
     words.unlink()
     return path
 

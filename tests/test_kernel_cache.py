@@ -108,3 +108,10 @@ def test_a_library_writable_by_others_or_of_another_hash_is_not_loaded(cache, tm
     copy.chmod(0o600)
     kernel._stamp(copy).write_text("0" * 64)
     assert kernel._load_checked(copy.stem, copy) is None
+
+
+def test_a_machine_without_a_compiler_runs_without_the_kernel_and_says_why(tmp_path):
+    """A bundle on a machine with no C++ compiler: the low-bit layers run as int8, and the reason names it."""
+    process = subprocess.run([sys.executable, "-c", REPORT], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "SPECCHAT_CACHE": str(tmp_path), "CXX": "no-such-compiler"})
+    assert "reference: no C++ compiler (no-such-compiler) on the PATH" in process.stdout

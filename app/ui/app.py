@@ -115,6 +115,9 @@ def run_screenshot(path: Path, prompt: str, dark: bool = False) -> int:
     if dark:
         settings.setValue("theme", "dark")
     window = MainWindow(ChatStore(workdir / "chats.sqlite3"), settings)
+    if window.models.defaults_dialog is not None:  # no one to answer its offer (the command line fetches them first)
+        print("error: the default models are not on this machine", file=sys.stderr)
+        return 2
     window.resize(*DEFAULT_SIZE)  # whatever the offscreen screen's size
     window.show()
     outcome = {"code": 1}

