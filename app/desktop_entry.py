@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-import shlex
+import re
 import sys
 from pathlib import Path
 
@@ -41,8 +41,16 @@ def render_icon(size: int):
 def command() -> str:
     """What runs this app again: the bundle's executable, else this Python with the app."""
     if getattr(sys, "frozen", False):
-        return shlex.quote(sys.executable)
-    return f"{shlex.quote(sys.executable)} -m app"
+        return quoted(sys.executable)
+    return f"{quoted(sys.executable)} -m app"
+
+
+def quoted(argument: str) -> str:
+    """An Exec key's argument as the desktop entry spec quotes one (double quotes, not a shell's; a
+    backslash doubled again for the file's string value)."""
+    if not re.search(r"[\s\"'\\><~|&;$*?#()`]", argument):
+        return argument
+    return ('"' + re.sub(r'(["`$\\])', r"\\\1", argument) + '"').replace("\\", "\\\\")
 
 
 def data_home() -> Path:

