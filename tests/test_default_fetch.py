@@ -144,7 +144,7 @@ def first_start_window(qtbot, tmp_path):
     return window
 
 
-def test_the_windows_first_start_offers_the_default_pair_downloads_it_and_chats(qtbot, tiny_pair, tmp_path):
+def test_the_windows_first_start_offers_the_default_pair_downloads_it_cancelled_and_resumed_and_chats(qtbot, tiny_pair, tmp_path):
     pytest.importorskip("pytestqt")
     from tests.test_gui import send_and_wait
 
@@ -158,7 +158,12 @@ def test_the_windows_first_start_offers_the_default_pair_downloads_it_and_chats(
     dialog.download.click()
     assert not dialog.download.isEnabled() and dialog.cancel.isEnabled()
     qtbot.waitUntil(lambda: "/s," in dialog.state.text() and "left" in dialog.state.text(), timeout=20_000)
+    dialog.cancel.click()
+    qtbot.waitUntil(lambda: dialog.download.isEnabled(), timeout=20_000)
+    assert dialog.state.text().startswith("Cancelled") and dialog.download.text() == "Download again"
+    assert window.controller.engine is None
     index.throttle = 0.0
+    dialog.download.click()  # continues where it stopped (test_a_cancelled_download_continues_where_it_stopped)
     qtbot.waitUntil(lambda: window.controller.engine is not None, timeout=120_000)
     assert not dialog.isVisible()
     assert default_fetch.missing(["default-target", "default-draft"]) == []

@@ -44,6 +44,11 @@ class DefaultsDialog(QDialog):
         self._buttons(running=False)
         self.resize(560, self.sizeHint().height())
 
+    def offer_models(self, models: list) -> None:
+        """The models to offer now (the window offers again when another choice misses one)."""
+        self.models = models
+        self.offer.setText(self.library.offer_in_words(models))
+
     def start(self) -> None:
         if self.library.fetch_defaults(self.models):
             self.state.setText("Connecting...")

@@ -69,7 +69,7 @@ class ModelLoading:
             self.defaults_dialog = DefaultsDialog(self.library, missing, self.window)
             self.defaults_dialog.accepted.connect(self.load)
             self.defaults_dialog.add_model.clicked.connect(self._add_instead_of_defaults)
-        self.defaults_dialog.models = missing
+        self.defaults_dialog.offer_models(missing)
         self.window.statusBar().showMessage("The default models are not on this machine")
         self.defaults_dialog.show()
         return self.defaults_dialog
