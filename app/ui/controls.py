@@ -51,10 +51,15 @@ class ControlsPanel(QTabWidget):
             self.target.addItem(label, source)
         for label, source in DEFAULT_DRAFTS:
             self.draft.addItem(label, source)
-        self.add_model = QPushButton("Add model...")
-        self.add_model.setToolTip("A .gguf file or a Hugging Face model folder from disk, or a hub id in the local cache")
-        self.get_models = QPushButton("Get models...")
-        self.get_models.setToolTip("Search the Hugging Face hub and download models; the models on this machine")
+        # short words: the row holds the target's name beside them in the panel's width
+        self.add_model = QPushButton("Add...")
+        self.add_model.setToolTip("Add model: a .gguf file or a Hugging Face model folder from disk, or a hub id in the "
+                                  "local cache")
+        self.add_model.setAccessibleName("Add model")
+        self.get_models = QPushButton("Hub...")
+        self.get_models.setToolTip("Get models: search the Hugging Face hub and download models; the models on this "
+                                   "machine (File > Get models..., Ctrl+Shift+M)")
+        self.get_models.setAccessibleName("Get models")
         self.find_draft = QPushButton("Find the best draft")
         self.find_draft.setToolTip("Measure which draft (or prompt lookup) makes this target fastest on this machine")
         self.precision = QComboBox()
@@ -78,7 +83,7 @@ class ControlsPanel(QTabWidget):
         self.context = QSpinBox()
         self.context.setRange(0, 1 << 20)
         self.context.setSingleStep(1024)
-        self.context.setSpecialValueText("the model's maximum")
+        self.context.setSpecialValueText("maximum")  # (the model's; a short word for the panel's width)
         self.context.setSuffix(" tokens")
         self.context.setToolTip(f"The tokens a chat may fill: the prompt, the conversation and the answer. A shorter\n"
                                 f"context bounds the models' memory (checked when they load); {MIN_CONTEXT:,} at least")
