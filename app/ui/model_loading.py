@@ -64,6 +64,15 @@ class ModelLoading:
         self.window.controller.load(chosen)
         self._show_loading(chosen)
 
+    def offer_missing_defaults(self) -> None:
+        """The offer again (File > Download the default models..., after "Not now"), where the
+        models picked are default ones not on this machine."""
+        missing = self.library.missing_defaults(self.window.controls.load_options())
+        if missing:
+            self.offer_defaults(missing)
+        else:
+            self.window.statusBar().showMessage("The models picked are on this machine.", 5000)
+
     def offer_defaults(self, missing: list) -> DefaultsDialog:
         if self.defaults_dialog is None:  # one for the window: the library's events hold it
             self.defaults_dialog = DefaultsDialog(self.library, missing, self.window)
@@ -107,9 +116,8 @@ class ModelLoading:
             self.window.controls.show_load_options(retrying)
             self._show_loading(retrying)
         self.window.models_failed(message)
-        missing = self.library.missing_defaults(self.window.controls.load_options())
-        if retrying is None and missing:  # the default pair the window fell back to is not here either
-            self.offer_defaults(missing)
+        if retrying is None and self.library.missing_defaults(self.window.controls.load_options()):
+            self.offer_missing_defaults()  # the default pair the window fell back to is not here either
 
     def _on_ready(self, ready: ModelsReady) -> None:
         self._done()
