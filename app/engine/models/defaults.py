@@ -92,6 +92,9 @@ def assemble(packaged: PackagedGGUF, out_path: Path, progress: Progress | None =
         if _sha256(out_path, packaged, progress) == packaged.sha256:
             return out_path
         out_path.unlink()
+        if parts is None and not packaged.installed():  # downloaded, and nothing here rebuilds it
+            raise ModelError(f"{packaged.name}: {out_path} was damaged (its SHA-256 is not the model's). It was "
+                             "deleted; download it again.")
     parts = parts or packaged.part_paths()
     private_folder(out_path.parent)
     digest = hashlib.sha256()
