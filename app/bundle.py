@@ -55,6 +55,12 @@ def run_bundle(args: argparse.Namespace) -> int:
     if not SPEC.is_file():
         print(f"error: {SPEC} is missing; build the bundle from a clone of SpecChat", file=sys.stderr)
         return 2
+    import torch
+
+    if torch.version.cuda:  # its libraries are part of it: none can be trimmed without breaking torch's import
+        print(f"note: this torch is a CUDA {torch.version.cuda} build, and the bundle carries its CUDA libraries "
+              "(gigabytes); for a CPU bundle, first: pip install torch==2.13.0 --index-url "
+              "https://download.pytorch.org/whl/cpu")
     icons = args.work / "icons"
     write_icons(icons)
     os.environ["SPECCHAT_ICONS"] = str(icons)
@@ -63,7 +69,8 @@ def run_bundle(args: argparse.Namespace) -> int:
     bundle = args.dist / "specchat"
     built = folder_size(bundle)
     internal = bundle / "_internal"
-    torch_bin = [f"torch/bin/{path.name}" for path in (internal / "torch" / "bin").iterdir() if path.name not in TORCH_BIN_KEPT]
+    torch_bin = [f"torch/bin/{path.name}" for path in (internal / "torch" / "bin").glob("*")  # (none on Windows)
+                 if path.name not in TORCH_BIN_KEPT]
     for name in TRIMMED + torch_bin:
         path = internal / name
         if path.is_dir():
