@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
@@ -33,23 +34,8 @@ class Hub:
     ranges: list[str] = field(default_factory=list)  # the Range headers file requests carried
 
     def start(self) -> str:
-        hub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                hub.answer(self, body=True)
-
-            def do_HEAD(self) -> None:
-                hub.answer(self, body=False)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_on_loopback(lambda request: self.answer(request, body=True),
+                                        lambda request: self.answer(request, body=False))
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def stop(self) -> None:
@@ -146,6 +132,29 @@ class Hub:
         request.end_headers()
         if body:
             request.wfile.write(payload)
+
+
+def serve_on_loopback(get: Callable[[BaseHTTPRequestHandler], None],
+                      head: Callable[[BaseHTTPRequestHandler], None] | None = None) -> ThreadingHTTPServer:
+    """An HTTP/1.1 server on a free loopback port, each request on a thread of its own, answered by
+    `get` (and `head`); serving until its shutdown()."""
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            get(self)
+
+        if head is not None:
+            def do_HEAD(self) -> None:
+                head(self)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def chat_gguf(path, seed: int, layers: int = 2, width: int = 256, inner: int = 1024, architecture: str = "qwen2"):

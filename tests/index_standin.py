@@ -10,9 +10,11 @@ import re
 import threading
 import zipfile
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+from tests.hub_standin import serve_on_loopback
 
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 
@@ -27,20 +29,7 @@ class Index:
 
     def start(self) -> str:
         """Serves until stop(); returns the simple index's address (as SPECCHAT_MODELS_INDEX)."""
-        index = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                index.answer(self)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_on_loopback(self.answer)
         return f"http://127.0.0.1:{self.server.server_address[1]}/simple"
 
     def stop(self) -> None:
